@@ -1,0 +1,181 @@
+"""The ledger: the single source of truth, in schema ``eos`` of the target database.
+
+Ledger and published data share one database so that a window's rows and its
+offsets commit in one transaction. This module owns every SQL statement on the
+``eos`` tables that planning needs; the sink adds the statements of its own steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+
+from airflow_eos.core.errors import LedgerUnavailable, WindowConflict
+from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS
+from airflow_eos.core.windows import Cut, PartitionRange, TopicPartition, Window, WindowPlan
+
+log = logging.getLogger(__name__)
+
+# pg_advisory_xact_lock key for migrations: any constant, shared by all versions.
+_MIGRATION_LOCK = 0x656F735F6D6967  # "eos_mig"
+
+
+def redact(url: str) -> str:
+    """A connection URL fit for a log line or an error message."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+@dataclass(frozen=True)
+class CutContext:
+    """What the ledger already knows around one instant of one partition.
+
+    ``frozen`` is the cut itself if it was resolved before; otherwise a new cut
+    must land in ``[lower, upper]`` so that cuts stay monotone in time.
+    ``new_partition`` says the window that ends at this instant was planned
+    without this partition, so its earlier records belong to the next window.
+    """
+
+    frozen: int | None = None
+    lower: int | None = None
+    upper: int | None = None
+    new_partition: bool = False
+
+
+class Ledger:
+    def __init__(self, url: str, *, connect_timeout: int = 10):
+        self.url = url
+        self.connect_timeout = connect_timeout
+
+    def __repr__(self) -> str:
+        return f"Ledger({redact(self.url)!r})"
+
+    @contextlib.contextmanager
+    def connect(self) -> Iterator[psycopg.Connection]:
+        try:
+            conn = psycopg.connect(self.url, connect_timeout=self.connect_timeout)
+        except psycopg.OperationalError as exc:
+            raise LedgerUnavailable(f"cannot connect to the ledger database {redact(self.url)}: {exc}") from exc
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    # ------------------------------------------------------------------ schema
+
+    def migrate(self) -> int:
+        """Bring schema ``eos`` to the latest version; safe to call concurrently
+        and again. Returns the version now in place."""
+        with self.connect() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute("CREATE SCHEMA IF NOT EXISTS eos")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS eos.schema_version ("
+                " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            current = conn.execute("SELECT coalesce(max(version), 0) FROM eos.schema_version").fetchone()[0]
+            if current > LATEST_VERSION:
+                raise LedgerUnavailable(
+                    f"ledger schema is at version {current}, newer than this airflow-eos knows "
+                    f"({LATEST_VERSION}); upgrade airflow-eos"
+                )
+            for version, sql in MIGRATIONS:
+                if version > current:
+                    log.info("applying ledger migration %d", version)
+                    conn.execute(sql)
+                    conn.execute("INSERT INTO eos.schema_version (version) VALUES (%s)", (version,))
+            return LATEST_VERSION
+
+    # ------------------------------------------------------------------ plans
+
+    def load_plan(self, conn: psycopg.Connection, window: Window) -> WindowPlan | None:
+        """The frozen plan of a window, or None if it was never planned.
+
+        A window planned with the same start but another end is a conflict:
+        the DAG's schedule changed under a pipeline that already has windows.
+        """
+        row = conn.execute(
+            "SELECT window_end FROM eos.windows WHERE pipeline = %s AND window_start = %s",
+            (window.pipeline, window.start),
+        ).fetchone()
+        if row is None:
+            return None
+        if row[0] != window.end:
+            raise WindowConflict(
+                f"window {window} was planned before with end {row[0].isoformat()}; "
+                "a pipeline's windows cannot change their boundaries"
+            )
+        ranges = conn.execute(
+            "SELECT topic, partition, start_offset, end_offset FROM eos.window_ranges"
+            " WHERE pipeline = %s AND window_start = %s ORDER BY topic, partition",
+            (window.pipeline, window.start),
+        ).fetchall()
+        return WindowPlan(window, tuple(PartitionRange(*r) for r in ranges))
+
+    def cut_contexts(
+        self, conn: psycopg.Connection, window: Window, tps: list[TopicPartition]
+    ) -> dict[tuple[TopicPartition, datetime], CutContext]:
+        """For each partition and both boundaries of the window: the frozen cut or
+        its frozen neighbours, in one round trip."""
+        topics = [tp.topic for tp in tps]
+        partitions = [tp.partition for tp in tps]
+        rows = conn.execute(
+            """
+            WITH tp AS (SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::int[]) AS x(topic, partition)),
+                 t AS (SELECT unnest(%(instants)s::timestamptz[]) AS at)
+            SELECT tp.topic, tp.partition, t.at,
+                   (SELECT "offset" FROM eos.cuts c WHERE c.pipeline = %(p)s AND c.topic = tp.topic
+                      AND c.partition = tp.partition AND c.at = t.at),
+                   (SELECT "offset" FROM eos.cuts c WHERE c.pipeline = %(p)s AND c.topic = tp.topic
+                      AND c.partition = tp.partition AND c.at < t.at ORDER BY c.at DESC LIMIT 1),
+                   (SELECT "offset" FROM eos.cuts c WHERE c.pipeline = %(p)s AND c.topic = tp.topic
+                      AND c.partition = tp.partition AND c.at > t.at ORDER BY c.at ASC LIMIT 1),
+                   EXISTS (SELECT 1 FROM eos.windows w WHERE w.pipeline = %(p)s AND w.window_end = t.at)
+                   AND NOT EXISTS (SELECT 1 FROM eos.window_ranges r JOIN eos.windows w USING (pipeline, window_start)
+                      WHERE w.pipeline = %(p)s AND w.window_end = t.at
+                        AND r.topic = tp.topic AND r.partition = tp.partition)
+            FROM tp CROSS JOIN t
+            """,
+            {"p": window.pipeline, "topics": topics, "partitions": partitions,
+             "instants": [window.start, window.end]},
+        ).fetchall()
+        return {
+            (TopicPartition(topic, partition), at): CutContext(frozen, lower, upper, bool(new_partition))
+            for topic, partition, at, frozen, lower, upper, new_partition in rows
+        }
+
+    def lock_pipeline(self, conn: psycopg.Connection, pipeline: str) -> None:
+        """Serialise planners of one pipeline: freezing is short, so a row lock
+        held for the freezing transaction costs nothing and removes every race."""
+        conn.execute("INSERT INTO eos.pipelines (pipeline) VALUES (%s) ON CONFLICT DO NOTHING", (pipeline,))
+        conn.execute("SELECT 1 FROM eos.pipelines WHERE pipeline = %s FOR UPDATE", (pipeline,))
+
+    def overlapping_windows(self, conn: psycopg.Connection, window: Window) -> list[tuple[datetime, datetime]]:
+        return conn.execute(
+            "SELECT window_start, window_end FROM eos.windows"
+            " WHERE pipeline = %s AND window_start < %s AND window_end > %s ORDER BY window_start",
+            (window.pipeline, window.end, window.start),
+        ).fetchall()
+
+    def freeze(self, conn: psycopg.Connection, plan: WindowPlan, new_cuts: list[Cut]) -> None:
+        """Store new cuts and the window's plan. Call under ``lock_pipeline``."""
+        w = plan.window
+        with conn.cursor() as cur:
+            cur.executemany(
+                'INSERT INTO eos.cuts (pipeline, topic, partition, at, "offset", how) VALUES (%s, %s, %s, %s, %s, %s)',
+                [(w.pipeline, c.tp.topic, c.tp.partition, c.at, c.offset, c.how) for c in new_cuts],
+            )
+            cur.execute(
+                "INSERT INTO eos.windows (pipeline, window_start, window_end) VALUES (%s, %s, %s)",
+                (w.pipeline, w.start, w.end),
+            )
+            cur.executemany(
+                "INSERT INTO eos.window_ranges (pipeline, window_start, topic, partition, start_offset, end_offset)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                [(w.pipeline, w.start, r.topic, r.partition, r.start_offset, r.end_offset) for r in plan.ranges],
+            )

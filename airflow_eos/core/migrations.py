@@ -1,0 +1,111 @@
+"""Versioned schema of the ledger (schema ``eos`` in the target database).
+
+Migrations are applied by the code itself, in order, each once; appending a new
+``(version, sql)`` pair is the only way to change the schema. Concurrent callers
+serialise on an advisory lock taken before anything else, because even
+``CREATE SCHEMA IF NOT EXISTS`` races on the catalog's unique index.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+        CREATE TABLE eos.pipelines (
+            pipeline    text PRIMARY KEY,
+            created_at  timestamptz NOT NULL DEFAULT now()
+        );
+
+        -- cut(pipeline, topic, partition, at): the first offset whose record
+        -- timestamp is >= at. Written once, never updated (see plan.py).
+        CREATE TABLE eos.cuts (
+            pipeline    text        NOT NULL REFERENCES eos.pipelines,
+            topic       text        NOT NULL,
+            partition   integer     NOT NULL CHECK (partition >= 0),
+            at          timestamptz NOT NULL,
+            "offset"    bigint      NOT NULL CHECK ("offset" >= 0),
+            how         text        NOT NULL,
+            frozen_at   timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (pipeline, topic, partition, at)
+        );
+
+        CREATE TABLE eos.windows (
+            pipeline          text        NOT NULL REFERENCES eos.pipelines,
+            window_start      timestamptz NOT NULL,
+            window_end        timestamptz NOT NULL,
+            state             text        NOT NULL DEFAULT 'planned'
+                              CHECK (state IN ('planned', 'committed')),
+            -- the newest attempt's epoch; an attempt with a smaller one is fenced
+            epoch             integer     NOT NULL DEFAULT 0,
+            planned_at        timestamptz NOT NULL DEFAULT now(),
+            committed_at      timestamptz,
+            committed_epoch   integer,
+            published_rows    bigint,
+            dead_letter_rows  bigint,
+            PRIMARY KEY (pipeline, window_start),
+            UNIQUE (pipeline, window_end),
+            CHECK (window_start < window_end)
+        );
+
+        CREATE TABLE eos.window_ranges (
+            pipeline      text        NOT NULL,
+            window_start  timestamptz NOT NULL,
+            topic         text        NOT NULL,
+            partition     integer     NOT NULL,
+            start_offset  bigint      NOT NULL CHECK (start_offset >= 0),
+            end_offset    bigint      NOT NULL,
+            PRIMARY KEY (pipeline, window_start, topic, partition),
+            FOREIGN KEY (pipeline, window_start) REFERENCES eos.windows ON DELETE CASCADE,
+            CHECK (start_offset <= end_offset)
+        );
+
+        CREATE TABLE eos.attempts (
+            pipeline           text        NOT NULL,
+            window_start       timestamptz NOT NULL,
+            epoch              integer     NOT NULL CHECK (epoch > 0),
+            state              text        NOT NULL DEFAULT 'open'
+                               CHECK (state IN ('open', 'checkpointed', 'prepared', 'committed', 'aborted')),
+            staging_table      text        NOT NULL,
+            opened_at          timestamptz NOT NULL DEFAULT now(),
+            checkpointed_at    timestamptz,
+            prepared_at        timestamptz,
+            ended_at           timestamptz,
+            row_count          bigint,
+            dead_letter_count  bigint,
+            checksum           text,
+            reason             text,
+            PRIMARY KEY (pipeline, window_start, epoch),
+            FOREIGN KEY (pipeline, window_start) REFERENCES eos.windows ON DELETE CASCADE
+        );
+        CREATE INDEX attempts_open ON eos.attempts (opened_at)
+            WHERE state IN ('open', 'checkpointed', 'prepared');
+
+        -- what an attempt consumed, written with its checkpoint
+        CREATE TABLE eos.checkpoint_ranges (
+            pipeline      text        NOT NULL,
+            window_start  timestamptz NOT NULL,
+            epoch         integer     NOT NULL,
+            topic         text        NOT NULL,
+            partition     integer     NOT NULL,
+            start_offset  bigint      NOT NULL,
+            end_offset    bigint      NOT NULL,
+            records       bigint      NOT NULL,
+            PRIMARY KEY (pipeline, window_start, epoch, topic, partition),
+            FOREIGN KEY (pipeline, window_start, epoch) REFERENCES eos.attempts ON DELETE CASCADE
+        );
+
+        -- next offset to consume: the end of the contiguous committed prefix
+        CREATE TABLE eos.partition_offsets (
+            pipeline    text        NOT NULL REFERENCES eos.pipelines,
+            topic       text        NOT NULL,
+            partition   integer     NOT NULL,
+            "offset"    bigint      NOT NULL,
+            updated_at  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (pipeline, topic, partition)
+        );
+        """,
+    ),
+]
+
+LATEST_VERSION = MIGRATIONS[-1][0]

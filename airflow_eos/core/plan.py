@@ -1,0 +1,278 @@
+"""Step 1 of a window's life: resolve and freeze its cuts, giving its plan.
+
+A cut for instant t is the first offset whose record timestamp is >= t. The
+broker's ``offsets_for_times`` answer is a hint only; the cut is found and
+verified by reading records (a binary search over offsets, then one short scan).
+Timestamps are assumed to grow with offsets for the search; where they do not
+(clock skew, producers with their own timestamps), the cut found is still a
+boundary where the record before it is older than t and the record at it is not,
+and since every cut is frozen and clamped between its frozen neighbours, windows
+still tile the log: each record belongs to exactly one window.
+
+A partition that has no record at/after t has not "passed" t. The window waits
+for it unless the partition has been idle past ``idle_partition_grace`` after t;
+then the cut is frozen at the end of the log, and records that arrive later with
+older timestamps belong to the next window.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from airflow_eos.core.errors import (
+    ConfigurationError,
+    LogTruncated,
+    OffsetsExpired,
+    WindowConflict,
+    WindowNotClosed,
+)
+from airflow_eos.core.ledger import CutContext, Ledger
+from airflow_eos.core.source import Bounds, PartitionLog
+from airflow_eos.core.windows import (
+    CUT_BY_IDLE,
+    CUT_BY_NEIGHBOUR,
+    CUT_BY_RECORD,
+    CUT_NEW_PARTITION,
+    Cut,
+    PartitionRange,
+    TopicPartition,
+    Window,
+    WindowPlan,
+    to_millis,
+)
+
+log = logging.getLogger(__name__)
+
+# Below this many offsets a linear read (one fetch) beats more single-record probes.
+SCAN_BELOW = 512
+# Optimistic freezing: how often to re-resolve when a concurrent planner froze a
+# neighbouring cut between our read and our lock.
+MAX_FREEZE_ROUNDS = 10
+
+
+# --------------------------------------------------------------------------- searching
+
+
+def first_offset_at_or_after(log_: PartitionLog, tp: TopicPartition, t_ms: int, lo: int, hi: int) -> int | None:
+    """Offset of the first record in ``[lo, hi)`` whose timestamp is >= t_ms, or None.
+
+    P(o) = "the first record at/after o is absent or has timestamp >= t" is false
+    then true over ``[lo, hi]`` (with non-decreasing timestamps); find its first
+    true point by probing, then read the short remainder.
+    """
+
+    def passed(o: int) -> bool:
+        rec = log_.first_at_or_after(tp, o, hi)
+        return rec is None or rec.timestamp_ms >= t_ms
+
+    left, right = lo, hi  # the first true point lies in [left, right]
+    hint = log_.time_hint(tp, t_ms)
+    if hint is not None and lo < hint < hi:
+        if passed(hint):
+            right = hint
+            if not passed(hint - 1):
+                left = hint  # the hint was right: two probes
+        else:
+            left = hint + 1
+    while right - left > SCAN_BELOW:
+        mid = (left + right) // 2
+        if passed(mid):
+            right = mid
+        else:
+            left = mid + 1
+    for rec in log_.records(tp, left, right):
+        if rec.timestamp_ms >= t_ms:
+            return rec.offset
+    rec = log_.first_at_or_after(tp, right, hi)
+    if rec is not None and rec.timestamp_ms >= t_ms:
+        return rec.offset
+    return None
+
+
+def resolve_cut(
+    log_: PartitionLog,
+    tp: TopicPartition,
+    at: datetime,
+    ctx: CutContext,
+    bounds: Bounds,
+    *,
+    now: datetime,
+    idle_partition_grace: timedelta,
+) -> Cut | None:
+    """A new cut for (tp, at) consistent with the frozen neighbours in ``ctx``,
+    or None when the partition has not passed ``at`` yet."""
+    if ctx.frozen is not None:
+        return Cut(tp, at, ctx.frozen, "frozen")
+    lower = ctx.lower if ctx.lower is not None else bounds.log_start
+    upper = ctx.upper
+
+    def clamp(offset: int, how: str) -> Cut:
+        clamped = max(offset, lower)
+        if upper is not None:
+            clamped = min(clamped, upper)
+        return Cut(tp, at, clamped, how if clamped == offset else CUT_BY_NEIGHBOUR)
+
+    if ctx.new_partition:
+        # The window ending at `at` was planned without this partition: every
+        # record before `at` that no window holds yet belongs to the next window.
+        return clamp(bounds.log_start, CUT_NEW_PARTITION)
+    # Records below the log start are gone; search what is left.
+    lo = max(lower, bounds.log_start)
+    hi = min(upper, bounds.end) if upper is not None else bounds.end
+    found = first_offset_at_or_after(log_, tp, to_millis(at), lo, hi) if lo < hi else None
+    if found is not None:
+        return clamp(found, CUT_BY_RECORD)
+    if upper is not None:
+        return clamp(upper, CUT_BY_NEIGHBOUR)
+    if now - at >= idle_partition_grace:
+        return clamp(bounds.end, CUT_BY_IDLE)
+    return None
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    window: Window
+    topics: tuple[str, ...]
+    idle_partition_grace: timedelta = timedelta(minutes=5)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.topics, str):
+            raise ConfigurationError(f"topics must be a list of topic names, not the string {self.topics!r}")
+        topics = tuple(self.topics)
+        if not topics:
+            raise ConfigurationError(f"pipeline {self.window.pipeline!r} has an empty topic list")
+        if any(not isinstance(t, str) or not t for t in topics):
+            raise ConfigurationError(f"topic names must be non-empty strings, got {list(topics)!r}")
+        if len(set(topics)) != len(topics):
+            raise ConfigurationError(f"topic list has duplicates: {list(topics)!r}")
+        if self.idle_partition_grace < timedelta(0):
+            raise ConfigurationError("idle_partition_grace must not be negative")
+        object.__setattr__(self, "topics", tuple(sorted(topics)))
+
+
+def check_readable(plan: WindowPlan, bounds: dict[TopicPartition, Bounds]) -> None:
+    """A frozen range that retention already deleted, or that lies past the end
+    of the log, can no longer be read as planned: say so loudly."""
+    for r in plan.ranges:
+        if r.width == 0:
+            continue
+        b = bounds[r.tp]
+        if r.start_offset < b.log_start:
+            raise OffsetsExpired(
+                f"window {plan.window}: {r.tp} must be read from offset {r.start_offset} to {r.end_offset}, "
+                f"but the log now starts at offset {b.log_start} (retention deleted "
+                f"{min(b.log_start, r.end_offset) - r.start_offset} planned offsets). "
+                "Raise the topic's retention above the backfill horizon; these records cannot be re-read."
+            )
+        if r.end_offset > b.end:
+            raise LogTruncated(
+                f"window {plan.window}: {r.tp} is planned up to offset {r.end_offset}, but the log ends at "
+                f"{b.end}. The topic was recreated or lost data since the window was planned."
+            )
+
+
+def plan_window(
+    ledger: Ledger,
+    log_: PartitionLog,
+    request: PlanRequest,
+    *,
+    now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+) -> WindowPlan:
+    """The window's frozen plan: the stored one, or a new one frozen now.
+
+    Raises WindowNotClosed (catchable, a reason to wait) when a partition has not
+    passed the window's end. Safe under any number of concurrent planners of the
+    same or neighbouring windows: they end with the same frozen cuts.
+    """
+    window = request.window
+    with ledger.connect() as conn:
+        with conn.transaction():
+            frozen = ledger.load_plan(conn, window)
+        if frozen is not None:
+            _check_topics(frozen, request)
+            check_readable(frozen, {tp: log_.bounds(tp) for tp in {r.tp for r in frozen.ranges}})
+            return frozen
+
+        tps = log_.partitions(list(request.topics))
+        for _round in range(MAX_FREEZE_ROUNDS):
+            started = time.monotonic()
+            with conn.transaction():
+                contexts = ledger.cut_contexts(conn, window, tps)
+            bounds = {tp: log_.bounds(tp) for tp in tps}
+            cuts, waiting = _resolve_all(log_, window, tps, contexts, bounds, request, now())
+            if waiting:
+                raise WindowNotClosed(
+                    f"window {window} is not closed yet: {len(waiting)} partition(s) have no record at or after "
+                    f"{window.end.isoformat()} and have not been idle for {request.idle_partition_grace}: "
+                    + ", ".join(str(tp) for tp in waiting[:10]) + (" ..." if len(waiting) > 10 else ""),
+                    waiting_for=[(tp.topic, tp.partition) for tp in waiting],
+                )
+            plan = WindowPlan(window, tuple(sorted(
+                PartitionRange(tp.topic, tp.partition, cuts[tp, window.start].offset, cuts[tp, window.end].offset)
+                for tp in tps
+            )))
+            with conn.transaction():
+                ledger.lock_pipeline(conn, window.pipeline)
+                winner = ledger.load_plan(conn, window)
+                if winner is not None:  # a concurrent planner froze it first
+                    _check_topics(winner, request)
+                    return winner
+                overlaps = ledger.overlapping_windows(conn, window)
+                if overlaps:
+                    raise WindowConflict(
+                        f"window {window} overlaps window(s) planned before with other boundaries: "
+                        + ", ".join(f"[{s.isoformat()}, {e.isoformat()})" for s, e in overlaps)
+                    )
+                if ledger.cut_contexts(conn, window, tps) != contexts:
+                    log.info("window %s: a neighbouring cut was frozen meanwhile; resolving again", window)
+                    continue
+                check_readable(plan, bounds)
+                ledger.freeze(conn, plan, [c for c in cuts.values() if c.how != "frozen"])
+            log.info("window %s: plan frozen in %.2fs: %s", window, time.monotonic() - started,
+                     ", ".join(f"{r.tp} [{r.start_offset}, {r.end_offset})" for r in plan.ranges))
+            return plan
+        raise WindowConflict(f"window {window}: could not freeze a plan in {MAX_FREEZE_ROUNDS} rounds "
+                             "of concurrent planning; try again")
+
+
+def _resolve_all(log_, window, tps, contexts, bounds, request, now):
+    cuts: dict[tuple[TopicPartition, datetime], Cut] = {}
+    waiting: list[TopicPartition] = []
+    for tp in tps:
+        start_ctx = contexts[tp, window.start]
+        start_cut = resolve_cut(log_, tp, window.start, start_ctx, bounds[tp],
+                                now=now, idle_partition_grace=request.idle_partition_grace)
+        if start_cut is None:
+            waiting.append(tp)
+            continue
+        # The end cut can never fall below this window's own start cut.
+        end_ctx = contexts[tp, window.end]
+        if end_ctx.frozen is None:
+            end_ctx = CutContext(None, max(end_ctx.lower or 0, start_cut.offset), end_ctx.upper,
+                                 end_ctx.new_partition)
+        end_cut = resolve_cut(log_, tp, window.end, end_ctx, bounds[tp],
+                              now=now, idle_partition_grace=request.idle_partition_grace)
+        if end_cut is None:
+            waiting.append(tp)
+            continue
+        cuts[tp, window.start] = start_cut
+        cuts[tp, window.end] = end_cut
+    return cuts, waiting
+
+
+def _check_topics(plan: WindowPlan, request: PlanRequest) -> None:
+    """A frozen plan covers the topics it was planned with; asking for others
+    would silently read something else."""
+    planned = set(plan.topics)
+    if plan.ranges and planned != set(request.topics):
+        raise WindowConflict(
+            f"window {plan.window} was planned for topics {sorted(planned)}, "
+            f"not {sorted(request.topics)}; a pipeline's topics cannot change under existing windows"
+        )

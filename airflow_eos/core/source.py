@@ -1,0 +1,209 @@
+"""Reading a Kafka log by offset, trusting only records that were actually read.
+
+Kafka-compatible brokers differ in what their metadata answers say (the embedded
+test broker reports a high watermark far below the real end and answers 0 to every
+``offsets_for_times``).  So the planner uses those answers only as hints: the end
+of a partition is where a fetch reports end-of-partition, and a record's position
+and timestamp are what the fetch returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Protocol
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from airflow_eos.core.errors import ConfigurationError, SourceUnavailable, UnknownTopic
+from airflow_eos.core.windows import TopicPartition
+
+log = logging.getLogger(__name__)
+
+# Settings that make single-record probes fast and reads exact. Users' settings
+# (security, client ids, ...) are merged over the defaults but never over the
+# safety ones, which the protocol depends on.
+_DEFAULTS = {
+    "fetch.wait.max.ms": 10,
+    "socket.timeout.ms": 10_000,
+}
+_FORCED = {
+    "enable.auto.commit": False,
+    "enable.partition.eof": True,
+    "auto.offset.reset": "error",  # a seek outside the log must fail loudly, not jump
+    "allow.auto.create.topics": False,
+    "isolation.level": "read_committed",
+}
+
+
+def consumer_config(kafka_config: dict, **overrides) -> dict:
+    """Client settings for reading planned ranges; no consumer group is joined."""
+    if not kafka_config.get("bootstrap.servers"):
+        raise ConfigurationError("Kafka configuration has no 'bootstrap.servers'")
+    config = {**_DEFAULTS, **kafka_config, **_FORCED, **overrides}
+    # assign() never joins a group, but librdkafka insists on a group.id.
+    config.setdefault("group.id", f"airflow-eos-reader-{uuid.uuid4().hex[:8]}")
+    return config
+
+
+@dataclass(frozen=True)
+class Record:
+    """Where a record is and when it happened; all the planner needs of it."""
+
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """First offset still in the log (retention moves it up) and the end (next offset)."""
+
+    log_start: int
+    end: int
+
+
+class PartitionLog(Protocol):
+    """What cut resolution needs of a log. KafkaLog reads Kafka; tests of the pure
+    logic may supply an in-memory log."""
+
+    def bounds(self, tp: TopicPartition) -> Bounds: ...
+
+    def first_at_or_after(self, tp: TopicPartition, offset: int, end: int) -> Record | None: ...
+
+    def records(self, tp: TopicPartition, start: int, end: int) -> list[Record]: ...
+
+    def time_hint(self, tp: TopicPartition, timestamp_ms: int) -> int | None: ...
+
+
+class KafkaLog:
+    """A PartitionLog over a real Kafka (or Kafka-protocol) cluster."""
+
+    def __init__(self, kafka_config: dict, *, timeout: float = 10.0):
+        self.timeout = timeout
+        self._config = consumer_config(kafka_config)
+        try:
+            self._consumer = Consumer(self._config)
+        except KafkaException as exc:
+            raise SourceUnavailable(f"cannot create Kafka consumer: {exc}") from exc
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> "KafkaLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- metadata
+
+    def partitions(self, topics: list[str]) -> list[TopicPartition]:
+        """Every partition of the topics; an unknown topic is an error, never empty."""
+        found: list[TopicPartition] = []
+        for topic in topics:
+            try:
+                metadata = self._consumer.list_topics(topic, timeout=self.timeout)
+            except KafkaException as exc:
+                raise SourceUnavailable(
+                    f"Kafka at {self._config['bootstrap.servers']} did not answer for topic {topic!r}: {exc}"
+                ) from exc
+            info = metadata.topics.get(topic)
+            if info is None or info.error is not None:
+                code = info.error.code() if info is not None else None
+                if info is None or code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                    raise UnknownTopic(f"topic {topic!r} does not exist on {self._config['bootstrap.servers']}")
+                raise SourceUnavailable(f"metadata for topic {topic!r} failed: {info.error}")
+            if not info.partitions:
+                raise UnknownTopic(f"topic {topic!r} has no partitions")
+            found.extend(TopicPartition(topic, p) for p in sorted(info.partitions))
+        return found
+
+    def time_hint(self, tp: TopicPartition, timestamp_ms: int) -> int | None:
+        """The broker's opinion of the first offset at/after a time. A hint only."""
+        try:
+            [answer] = self._consumer.offsets_for_times(
+                [KafkaTopicPartition(tp.topic, tp.partition, timestamp_ms)], timeout=self.timeout
+            )
+        except KafkaException:
+            return None
+        if answer.error is not None or answer.offset < 0:
+            return None
+        return answer.offset
+
+    # ---------------------------------------------------------------- reading
+
+    def _poll_from(self, tp: TopicPartition, offset: int):
+        """Assign at ``offset`` and yield messages until end of partition."""
+        self._consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset)])
+        try:
+            idle_polls = 0
+            while True:
+                msg = self._consumer.poll(self.timeout / 10)
+                if msg is None:
+                    idle_polls += 1
+                    if idle_polls >= 10:
+                        raise SourceUnavailable(f"no answer from Kafka reading {tp} at offset {offset} "
+                                                f"within {self.timeout}s")
+                    continue
+                idle_polls = 0
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        yield None, msg.offset()
+                        return
+                    if err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                        raise SourceUnavailable(f"offset {offset} is out of range for {tp}: {err}")
+                    if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
+                        raise UnknownTopic(f"{tp} does not exist: {err}")
+                    if err.fatal() or not err.retriable():
+                        raise SourceUnavailable(f"reading {tp} at offset {offset}: {err}")
+                    continue
+                if msg.topic() != tp.topic or msg.partition() != tp.partition or msg.offset() < offset:
+                    continue  # a stale fetch from an earlier assignment
+                yield msg, msg.offset()
+        finally:
+            self._consumer.unassign()
+
+    def bounds(self, tp: TopicPartition) -> Bounds:
+        """Read from the beginning once: the fetch response carries the true log
+        start and high watermark, which librdkafka then caches."""
+        first: int | None = None
+        for msg, offset in self._poll_from(tp, OFFSET_BEGINNING):
+            first = offset
+            break
+        low, high = self._consumer.get_watermark_offsets(
+            KafkaTopicPartition(tp.topic, tp.partition), cached=True
+        )
+        if first is None:
+            first = max(low, 0)
+        if high < 0:
+            high = first
+        # A log whose first record sits after a transaction marker: the cached
+        # low watermark is the true log start.
+        log_start = min(first, low) if low >= 0 else first
+        return Bounds(log_start=log_start, end=max(high, first))
+
+    def first_at_or_after(self, tp: TopicPartition, offset: int, end: int) -> Record | None:
+        """The first record at or after ``offset`` and before ``end``, or None."""
+        if offset >= end:
+            return None
+        for msg, at in self._poll_from(tp, offset):
+            if msg is None or at >= end:
+                return None
+            return Record(at, msg.timestamp()[1])
+        return None
+
+    def records(self, tp: TopicPartition, start: int, end: int) -> list[Record]:
+        """Every record in ``[start, end)`` (only position and timestamp)."""
+        out: list[Record] = []
+        if start >= end:
+            return out
+        for msg, at in self._poll_from(tp, start):
+            if msg is None or at >= end:
+                break
+            out.append(Record(at, msg.timestamp()[1]))
+            if at == end - 1:
+                break
+        return out

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs everything the tests and the demo need on a fresh machine, and reuses
+# what is already there on the next run:
+#   - Debian packages: PostgreSQL server binaries, a Java runtime for Spark
+#   - uv, then the virtualenv .venv with this package and its dev extra
+# Idempotent; a second run takes about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+need_apt=()
+pg_found=""
+for v in 17 16 15; do
+  if [ -x "/usr/lib/postgresql/$v/bin/initdb" ]; then pg_found=$v; break; fi
+done
+[ -n "$pg_found" ] || need_apt+=(postgresql)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  log "installing Debian packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # Debian's package starts a cluster on port 5432; the tests start their own.
+  if command -v pg_ctlcluster >/dev/null 2>&1; then
+    for c in $(pg_lsclusters -h 2>/dev/null | awk '{print $1"/"$2}'); do
+      $SUDO pg_ctlcluster "${c%/*}" "${c#*/}" stop >/dev/null 2>&1 || true
+    done
+  fi
+fi
+
+PY=${PYTHON:-python3}
+if ! command -v uv >/dev/null 2>&1; then
+  log "installing uv"
+  "$PY" -m pip install -q --disable-pip-version-check uv
+fi
+UV=$(command -v uv || echo "$("$PY" -m site --user-base)/bin/uv")
+
+stamp=.venv/.eos-installed
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$UV" venv -q -p "$PY" .venv
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  log "installing airflow-eos[dev] into .venv (first time ~1 min)"
+  "$UV" pip install -q -p .venv/bin/python -e '.[dev]'
+  # pyspark-client shares the pyspark directory; make sure the full pyspark,
+  # with spark-submit and its jars, is what is on disk.
+  if [ ! -d .venv/lib/python*/site-packages/pyspark/jars ]; then
+    "$UV" pip install -q -p .venv/bin/python --reinstall-package pyspark 'pyspark==4.3.0'
+  fi
+  touch "$stamp"
+fi

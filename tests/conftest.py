@@ -1,0 +1,172 @@
+"""Real services for the tests: one PostgreSQL server and one Kafka-protocol
+broker per test session (or the external ones named by EOS_POSTGRES_URL and
+EOS_KAFKA_BOOTSTRAP), a fresh database and fresh topics per test, and an Airflow
+home in a temp dir. Every process started here is stopped here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+
+# Airflow reads its configuration at import: point it at a throwaway home before
+# anything can import it.
+_AIRFLOW_HOME = tempfile.mkdtemp(prefix="eos-airflow-home-")
+os.environ["AIRFLOW_HOME"] = _AIRFLOW_HOME
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(os.path.dirname(__file__), "..", "dags"))
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/airflow.db"
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
+
+import psycopg  # noqa: E402
+import pytest  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from airflow_eos.testing.services import kafka_service, postgres_service  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked real_kafka need behaviour the embedded broker gets wrong
+    (see ENVIRONMENT.md). They are deselected, visibly, unless a real Kafka is
+    given in EOS_KAFKA_BOOTSTRAP; they are never skipped to look green."""
+    if os.environ.get("EOS_KAFKA_BOOTSTRAP"):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("real_kafka") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+        config._eos_deselected = len(drop)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    n = getattr(config, "_eos_deselected", 0)
+    if n:
+        terminalreporter.write_line(
+            f"{n} test(s) marked real_kafka were deselected: set EOS_KAFKA_BOOTSTRAP to a real Kafka to run them"
+        )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """The PostgreSQL server (embedded unless EOS_POSTGRES_URL is set)."""
+    with postgres_service() as handle:
+        yield handle
+
+
+@pytest.fixture
+def pg_url(pg_server):
+    """A fresh, empty database on the session's server; dropped afterwards."""
+    name = f"eos_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.address, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = pg_server.address.rpartition("/")
+    yield f"{base}/{name}"
+    with psycopg.connect(pg_server.address, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def ledger(pg_url):
+    from airflow_eos.core.ledger import Ledger
+
+    ledger = Ledger(pg_url)
+    ledger.migrate()
+    return ledger
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+@pytest.fixture(scope="session")
+def kafka(pg_server):
+    """The Kafka-protocol broker (embedded Tansu unless EOS_KAFKA_BOOTSTRAP is set).
+
+    Depends on pg_server only so that both start once, in a fixed order."""
+    with kafka_service() as handle:
+        yield handle
+
+
+@pytest.fixture
+def kafka_config(kafka):
+    return {"bootstrap.servers": kafka.address}
+
+
+class TopicFactory:
+    """Creates uniquely named topics and produces records with chosen timestamps."""
+
+    def __init__(self, bootstrap: str):
+        self.bootstrap = bootstrap
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.created: list[str] = []
+        self._producer: Producer | None = None
+
+    def create(self, partitions: int = 1, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        futures = self.admin.create_topics([NewTopic(name, partitions, 1)])
+        for f in futures.values():
+            f.result(timeout=15)
+        self.created.append(name)
+        return name
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
+                                       "linger.ms": 5, "message.max.bytes": 10_000_000})
+        return self._producer
+
+    def produce(self, topic: str, records, *, flush: bool = True) -> None:
+        """records: iterable of (partition, timestamp_ms, value) tuples."""
+        for partition, ts_ms, value in records:
+            while True:
+                try:
+                    self.producer.produce(topic, value=value, partition=partition, timestamp=ts_ms)
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)
+        if flush:
+            remaining = self.producer.flush(30)
+            assert remaining == 0, f"{remaining} records not delivered"
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
+        if self.created:
+            futures = self.admin.delete_topics(self.created)
+            for f in futures.values():
+                try:
+                    f.result(timeout=15)
+                except Exception:  # noqa: BLE001 - best effort cleanup of a test's topics
+                    pass
+
+
+@pytest.fixture
+def topics(kafka):
+    factory = TopicFactory(kafka.address)
+    yield factory
+    factory.close()
+
+
+# --------------------------------------------------------------------------- Airflow
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """Airflow's metadata DB (SQLite in the temp home), initialised once."""
+    from airflow.utils import db
+
+    db.initdb()
+    return os.environ["AIRFLOW_HOME"]
