@@ -1,0 +1,323 @@
+"""Planning windows against the real PostgreSQL ledger and the real broker."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, TopicPartition as KTP
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airflow_eos.core.errors import (
+    LedgerUnavailable,
+    LogTruncated,
+    OffsetsExpired,
+    SourceUnavailable,
+    UnknownTopic,
+    WindowConflict,
+    WindowNotClosed,
+)
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.plan import PlanRequest, plan_window
+from airflow_eos.core.source import KafkaLog
+from airflow_eos.core.windows import Window, to_millis
+from airflow_eos.testing.services import free_port
+from memlog import MemoryLog
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+HOUR = timedelta(hours=1)
+MINUTE = timedelta(minutes=1)
+LATER = lambda: T0 + timedelta(days=30)  # noqa: E731 - "now" long after the data: every partition idle
+
+
+def ms(t: datetime) -> int:
+    return to_millis(t)
+
+
+def plan(ledger, kafka_config, pipeline, start, end, topics, *, grace=timedelta(minutes=5), now=LATER):
+    with KafkaLog(kafka_config) as log:
+        return plan_window(ledger, log, PlanRequest(Window(pipeline, start, end), tuple(topics), grace), now=now)
+
+
+def read_all(bootstrap, topic, partitions):
+    """Every record of the topic, read directly: (partition, offset) -> timestamp_ms."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "verify", "enable.partition.eof": True,
+                  "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+    out = {}
+    try:
+        for p in range(partitions):
+            c.assign([KTP(topic, p, 0)])
+            while True:
+                m = c.poll(5)
+                assert m is not None, "broker stopped answering"
+                if m.error():
+                    break  # partition EOF
+                out[p, m.offset()] = m.timestamp()[1]
+    finally:
+        c.close()
+    return out
+
+
+# --------------------------------------------------------------------------- tiling, property-based
+
+
+@pytest.fixture(scope="module")
+def shared_db(pg_server):
+    """One database for the property test's examples (each uses its own pipeline)."""
+    name = f"eos_tiling_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server.address, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = pg_server.address.rpartition("/")[0] + "/" + name
+    ledger = Ledger(url)
+    ledger.migrate()
+    yield ledger
+    with psycopg.connect(pg_server.address, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def ten_hour_topic(kafka):
+    """3 partitions over 10 hours: p0 dense, p1 sparse with offset gaps from
+    transactions, p2 empty. Timestamps grow with offsets."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"tiling-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka.address})
+    for f in admin.create_topics([NewTopic(name, 3, 1)]).values():
+        f.result(15)
+    dense = Producer({"bootstrap.servers": kafka.address, "linger.ms": 5})
+    for i in range(3000):  # one record every 12 s
+        dense.produce(name, value=b"d%d" % i, partition=0, timestamp=ms(T0) + i * 12_000)
+    dense.flush(30)
+    tx = Producer({"bootstrap.servers": kafka.address, "transactional.id": f"tx-{name}", "linger.ms": 5})
+    tx.init_transactions(15)
+    for batch in range(40):  # each commit leaves a marker: offsets with gaps
+        tx.begin_transaction()
+        for i in range(5):
+            tx.produce(name, value=b"s", partition=1, timestamp=ms(T0) + (batch * 5 + i) * 180_000)
+        tx.commit_transaction(15)
+    records = read_all(kafka.address, name, 3)
+    yield name, records
+    for f in admin.delete_topics([name]).values():
+        f.result(15)
+
+
+boundaries = st.lists(st.integers(0, 11 * 60), min_size=2, max_size=7, unique=True).map(sorted)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(minutes=boundaries, data=st.data())
+def test_windows_tile_the_log_whatever_the_planning_order(shared_db, kafka_config, ten_hour_topic, minutes, data):
+    topic, records = ten_hour_topic
+    pipeline = f"tiling-{uuid.uuid4().hex[:8]}"
+    instants = [T0 + m * MINUTE for m in minutes]
+    windows = list(zip(instants, instants[1:]))
+    order = data.draw(st.permutations(windows))
+
+    with ThreadPoolExecutor(4) as pool:  # neighbours planned concurrently, in random order
+        plans = list(pool.map(lambda w: plan(shared_db, kafka_config, pipeline, w[0], w[1], [topic]), order))
+
+    by_start = {p.window.start: p for p in plans}
+    for partition in range(3):
+        ranges = [next(r for r in by_start[s].ranges if r.partition == partition) for s, _ in windows]
+        for a, b in zip(ranges, ranges[1:]):
+            assert a.end_offset == b.start_offset, f"gap or overlap in partition {partition}: {a} then {b}"
+        # each record lands in the window its timestamp says (timestamps grow with offsets here)
+        for (start, end), r in zip(windows, ranges):
+            inside = [ts for (p, off), ts in records.items() if p == partition and r.start_offset <= off < r.end_offset]
+            assert all(ms(start) <= ts < ms(end) for ts in inside), (start, end, r)
+        first = ranges[0].start_offset
+        expected_first = min((off for (p, off), ts in records.items() if p == partition and ts >= ms(windows[0][0])),
+                             default=None)
+        if expected_first is not None:
+            assert first == expected_first
+    # re-planning any window returns the frozen plan
+    again = plan(shared_db, kafka_config, pipeline, windows[0][0], windows[0][1], [topic])
+    assert again == by_start[windows[0][0]]
+
+
+# --------------------------------------------------------------------------- freezing
+
+
+def test_replanning_returns_the_frozen_plan_and_late_records_go_to_the_next_window(ledger, kafka_config, topics):
+    topic = topics.create(partitions=2)
+    topics.produce(topic, [(p, ms(T0) + i * 60_000, b"x") for p in range(2) for i in range(130)])
+    first = plan(ledger, kafka_config, "late", T0, T0 + HOUR, [topic])
+    assert [(r.start_offset, r.end_offset) for r in first.ranges] == [(0, 60), (0, 60)]
+
+    # late records with old timestamps arrive after the cut was frozen
+    topics.produce(topic, [(0, ms(T0) + 5_000, b"late")] * 3)
+    assert plan(ledger, kafka_config, "late", T0, T0 + HOUR, [topic]) == first
+    nxt = plan(ledger, kafka_config, "late", T0 + HOUR, T0 + 2 * HOUR, [topic])
+    # the next window starts at the shared cut and, when its end is resolved, ends
+    # at the first record >= its end; the late records sit after that
+    assert [r.start_offset for r in nxt.ranges] == [60, 60]
+    assert [r.end_offset for r in nxt.ranges] == [120, 120]
+
+
+def test_concurrent_planners_of_one_window_agree(ledger, kafka_config, topics):
+    topic = topics.create(partitions=3)
+    topics.produce(topic, [(p, ms(T0) + i * 30_000, b"x") for p in range(3) for i in range(300)])
+    barrier = threading.Barrier(6)
+
+    def one(_):
+        barrier.wait()
+        return plan(ledger, kafka_config, "race", T0 + HOUR, T0 + 2 * HOUR, [topic])
+
+    with ThreadPoolExecutor(6) as pool:
+        plans = list(pool.map(one, range(6)))
+    assert all(p == plans[0] for p in plans)
+    assert [(r.start_offset, r.end_offset) for r in plans[0].ranges] == [(120, 240)] * 3
+    with psycopg.connect(ledger.url) as conn:
+        assert conn.execute("SELECT count(*) FROM eos.windows").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM eos.cuts").fetchone()[0] == 6
+
+
+# --------------------------------------------------------------------------- closing
+
+
+def test_window_waits_for_a_partition_that_has_not_passed_its_end(ledger, kafka_config, topics):
+    topic = topics.create(partitions=2)
+    topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(90)])  # p0 passes T0+1h
+    topics.produce(topic, [(1, ms(T0) + i * 60_000, b"x") for i in range(30)])  # p1 stops at T0+30m
+    end = T0 + HOUR
+    with pytest.raises(WindowNotClosed, match=r"\[1\]") as caught:
+        plan(ledger, kafka_config, "idle", T0, end, [topic], grace=timedelta(minutes=10),
+             now=lambda: end + timedelta(minutes=9))
+    assert caught.value.waiting_for == [(topic, 1)]
+    with psycopg.connect(ledger.url) as conn:  # waiting freezes nothing
+        assert conn.execute("SELECT count(*) FROM eos.cuts").fetchone()[0] == 0
+
+    # idle past the grace: p1's cut is frozen at the end of its log
+    closed = plan(ledger, kafka_config, "idle", T0, end, [topic], grace=timedelta(minutes=10),
+                  now=lambda: end + timedelta(minutes=10))
+    assert [(r.start_offset, r.end_offset) for r in closed.ranges] == [(0, 60), (0, 30)]
+    with psycopg.connect(ledger.url) as conn:
+        hows = dict(conn.execute('SELECT partition, how FROM eos.cuts WHERE at = %s', (end,)).fetchall())
+    assert hows == {0: "record", 1: "idle"}
+
+
+def test_empty_partitions_and_empty_windows_plan_cleanly(ledger, kafka_config, topics):
+    empty = topics.create(partitions=2)
+    p = plan(ledger, kafka_config, "empty", T0, T0 + HOUR, [empty])
+    assert [(r.start_offset, r.end_offset) for r in p.ranges] == [(0, 0), (0, 0)]
+    assert p.max_records == 0
+
+    sparse = topics.create(partitions=1)
+    topics.produce(sparse, [(0, ms(T0) + 10_000, b"a"), (0, ms(T0 + 3 * HOUR), b"b")])
+    quiet = plan(ledger, kafka_config, "quiet", T0 + HOUR, T0 + 2 * HOUR, [sparse])
+    assert [(r.start_offset, r.end_offset) for r in quiet.ranges] == [(1, 1)]
+
+
+def test_new_partition_records_are_not_lost(ledger):
+    """A window planned before a partition existed does not hold it; the next
+    window planned with it starts at its log start. (The embedded broker cannot
+    add partitions, so the log is in memory; the ledger is real. See the
+    real_kafka test below for the same with create_partitions.)"""
+    log = MemoryLog()
+    log.add_partition("orders", 0, [ms(T0) + i * 60_000 for i in range(240)])
+    req = lambda s, e: PlanRequest(Window("grow", s, e), ("orders",), timedelta(0))  # noqa: E731
+    w1 = plan_window(ledger, log, req(T0, T0 + HOUR), now=LATER)
+    assert [r.partition for r in w1.ranges] == [0]
+
+    log.add_partition("orders", 1, [ms(T0) + i * 60_000 for i in range(240)])  # records from T0 on
+    w3 = plan_window(ledger, log, req(T0 + 2 * HOUR, T0 + 3 * HOUR), now=LATER)
+    w2 = plan_window(ledger, log, req(T0 + HOUR, T0 + 2 * HOUR), now=LATER)
+    p1 = {w.window.start: next(r for r in w.ranges if r.partition == 1) for w in (w2, w3)}
+    assert (p1[T0 + HOUR].start_offset, p1[T0 + HOUR].end_offset) == (0, 120)  # includes T0..T0+1h
+    assert (p1[T0 + 2 * HOUR].start_offset, p1[T0 + 2 * HOUR].end_offset) == (120, 180)
+
+
+@pytest.mark.real_kafka
+def test_new_partition_on_real_kafka(ledger, kafka_config, topics):
+    from confluent_kafka.admin import NewPartitions
+
+    topic = topics.create(partitions=1)
+    topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(240)])
+    w1 = plan(ledger, kafka_config, "grow", T0, T0 + HOUR, [topic], grace=timedelta(0))
+    for f in topics.admin.create_partitions([NewPartitions(topic, 2)]).values():
+        f.result(15)
+    topics.produce(topic, [(1, ms(T0) + i * 60_000, b"y") for i in range(240)])
+    w2 = plan(ledger, kafka_config, "grow", T0 + HOUR, T0 + 2 * HOUR, [topic], grace=timedelta(0))
+    assert [r.partition for r in w1.ranges] == [0]
+    assert [(r.partition, r.start_offset, r.end_offset) for r in w2.ranges] == [(0, 60, 120), (1, 0, 120)]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_unknown_topic_is_a_clear_error(ledger, kafka_config):
+    with pytest.raises(UnknownTopic, match="no-such-topic"):
+        plan(ledger, kafka_config, "p", T0, T0 + HOUR, ["no-such-topic"])
+
+
+def test_unreachable_broker_is_a_clear_error(ledger):
+    dead = {"bootstrap.servers": f"127.0.0.1:{free_port()}"}
+    with pytest.raises(SourceUnavailable, match="did not answer"):
+        with KafkaLog(dead, timeout=2) as log:
+            plan_window(ledger, log, PlanRequest(Window("p", T0, T0 + HOUR), ("orders",)), now=LATER)
+
+
+def test_unreachable_database_is_a_clear_error_without_the_password():
+    ledger = Ledger(f"postgresql://eos:s3cret@127.0.0.1:{free_port()}/db", connect_timeout=2)
+    with pytest.raises(LedgerUnavailable, match=r"eos:\*\*\*@127\.0\.0\.1") as caught:
+        ledger.migrate()
+    assert "s3cret" not in str(caught.value)
+
+
+def test_expired_offsets_name_topic_partition_and_offsets(ledger):
+    """Retention moved the log start past a frozen plan (simulated in memory:
+    the embedded broker has no retention; see the real_kafka test below)."""
+    log = MemoryLog()
+    log.add_partition("orders", 0, [ms(T0) + i * 60_000 for i in range(180)])
+    req = PlanRequest(Window("old", T0 + HOUR, T0 + 2 * HOUR), ("orders",), timedelta(0))
+    frozen = plan_window(ledger, log, req, now=LATER)
+    assert [(r.start_offset, r.end_offset) for r in frozen.ranges] == [(60, 120)]
+    log.log_start[frozen.ranges[0].tp] = 75
+    with pytest.raises(OffsetsExpired, match=r"orders\[0\] must be read from offset 60 to 120.*starts at offset 75"):
+        plan_window(ledger, log, req, now=LATER)
+
+
+@pytest.mark.real_kafka
+def test_expired_offsets_on_real_kafka(ledger, kafka_config, topics):
+    topic = topics.create(partitions=1)
+    topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(180)])
+    plan(ledger, kafka_config, "old", T0 + HOUR, T0 + 2 * HOUR, [topic])
+    for f in topics.admin.delete_records([KTP(topic, 0, 75)]).values():
+        f.result(15)
+    with pytest.raises(OffsetsExpired, match=rf"{topic}\[0\] must be read from offset 60"):
+        plan(ledger, kafka_config, "old", T0 + HOUR, T0 + 2 * HOUR, [topic])
+
+
+def test_recreated_topic_is_reported_as_truncated(ledger, kafka_config, topics, kafka):
+    topic = topics.create(partitions=1)
+    topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(180)])
+    plan(ledger, kafka_config, "gone", T0 + HOUR, T0 + 2 * HOUR, [topic])
+    for f in topics.admin.delete_topics([topic]).values():
+        f.result(15)
+    from confluent_kafka.admin import NewTopic
+
+    for f in topics.admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        f.result(15)
+    topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(30)])
+    with pytest.raises(LogTruncated, match=r"planned up to offset 120, but the log ends at 30"):
+        plan(ledger, kafka_config, "gone", T0 + HOUR, T0 + 2 * HOUR, [topic])
+
+
+def test_changed_boundaries_or_topics_conflict_with_frozen_windows(ledger, kafka_config, topics):
+    a, b = topics.create(), topics.create()
+    topics.produce(a, [(0, ms(T0) + i * 60_000, b"x") for i in range(200)])
+    topics.produce(b, [(0, ms(T0) + i * 60_000, b"x") for i in range(200)])
+    plan(ledger, kafka_config, "sched", T0, T0 + HOUR, [a])
+    with pytest.raises(WindowConflict, match="planned before with end"):
+        plan(ledger, kafka_config, "sched", T0, T0 + 2 * HOUR, [a])
+    with pytest.raises(WindowConflict, match="overlaps"):
+        plan(ledger, kafka_config, "sched", T0 + 30 * MINUTE, T0 + 90 * MINUTE, [a])
+    with pytest.raises(WindowConflict, match="planned for topics"):
+        plan(ledger, kafka_config, "sched", T0, T0 + HOUR, [a, b])

@@ -1,0 +1,135 @@
+"""The cut search over an in-memory log: pure logic, checked against brute force."""
+
+from datetime import datetime, timedelta, timezone
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from airflow_eos.core.ledger import CutContext
+from airflow_eos.core.plan import first_offset_at_or_after, resolve_cut
+from airflow_eos.core.source import Bounds
+from airflow_eos.core.windows import CUT_BY_IDLE, CUT_BY_NEIGHBOUR, CUT_BY_RECORD, CUT_NEW_PARTITION, to_millis
+from memlog import MemoryLog
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@st.composite
+def logs(draw, monotone=True):
+    steps = draw(st.lists(st.integers(0, 5) if monotone else st.integers(-5, 5), min_size=0, max_size=1500))
+    timestamps, ts = [], 1000
+    for s in steps:
+        ts = max(0, ts + s)
+        timestamps.append(ts)
+    gaps = set(draw(st.lists(st.integers(0, len(steps) * 2), max_size=20)))
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, timestamps, gaps=gaps)
+    return log, tp
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), monotone_log=logs())
+def test_search_finds_the_first_record_at_or_after_t(data, monotone_log):
+    log, tp = monotone_log
+    end = log.ends[tp]
+    t = data.draw(st.integers(900, 1000 + 5 * 1600))
+    lo = data.draw(st.integers(0, end))
+    log.hint = data.draw(st.one_of(st.none(), st.integers(0, end + 3)))  # right, wrong or absent
+    expected = next((r.offset for r in log.logs[tp] if r.offset >= lo and r.timestamp_ms >= t), None)
+    assert first_offset_at_or_after(log, tp, t, lo, end) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), skewed_log=logs(monotone=False))
+def test_search_on_skewed_timestamps_still_returns_a_boundary(data, skewed_log):
+    """With non-monotone timestamps any boundary is acceptable, as long as it is
+    one: the record at the cut is >= t and the record before it (if any) is < t."""
+    log, tp = skewed_log
+    end = log.ends[tp]
+    t = data.draw(st.integers(900, 1000 + 5 * 1600))
+    found = first_offset_at_or_after(log, tp, t, 0, end)
+    recs = {r.offset: r for r in log.logs[tp]}
+    if found is None:
+        return
+    assert recs[found].timestamp_ms >= t
+    before = [r for r in log.logs[tp] if r.offset < found]
+    if before:
+        assert before[-1].timestamp_ms < t
+
+
+def test_search_with_a_correct_hint_needs_few_probes():
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, range(100_000))
+    log.hint = 70_000
+    assert first_offset_at_or_after(log, tp, 70_000, 0, 100_000) == 70_000
+    assert log.probes <= 3
+
+
+def test_search_with_a_lying_hint_is_logarithmic():
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, range(100_000))
+    log.hint = 0  # what the embedded broker answers to every offsets_for_times
+    assert first_offset_at_or_after(log, tp, 70_000, 0, 100_000) == 70_000
+    assert log.probes <= 25
+
+
+def _ms(t):
+    return to_millis(t)
+
+
+def test_resolve_cut_waits_then_freezes_idle_partition_at_end_of_log():
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, [_ms(T0) + i for i in range(10)])
+    at = T0 + timedelta(hours=1)
+    grace = timedelta(minutes=5)
+    b = log.bounds(tp)
+    assert resolve_cut(log, tp, at, CutContext(), b, now=at + timedelta(minutes=4),
+                       idle_partition_grace=grace) is None
+    cut = resolve_cut(log, tp, at, CutContext(), b, now=at + grace, idle_partition_grace=grace)
+    assert (cut.offset, cut.how) == (10, CUT_BY_IDLE)
+
+
+def test_resolve_cut_empty_partition_is_idle_at_zero():
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, [])
+    cut = resolve_cut(log, tp, T0, CutContext(), log.bounds(tp), now=T0 + timedelta(hours=1),
+                      idle_partition_grace=timedelta(0))
+    assert (cut.offset, cut.how) == (0, CUT_BY_IDLE)
+
+
+def test_resolve_cut_is_clamped_between_frozen_neighbours():
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, [_ms(T0) + i * 1000 for i in range(100)])
+    at = T0 + timedelta(seconds=50)
+    b = log.bounds(tp)
+    kw = dict(now=T0, idle_partition_grace=timedelta(hours=1))
+    assert resolve_cut(log, tp, at, CutContext(), b, **kw).offset == 50
+    # a neighbour frozen at an earlier instant above the record cut: the search
+    # starts there, never below it
+    cut = resolve_cut(log, tp, at, CutContext(lower=60), b, **kw)
+    assert (cut.offset, cut.how) == (60, CUT_BY_RECORD)
+    cut = resolve_cut(log, tp, at, CutContext(upper=40), b, **kw)
+    assert (cut.offset, cut.how) == (40, CUT_BY_NEIGHBOUR)
+    # no record >= t below the upper neighbour: the cut is the neighbour itself
+    late = T0 + timedelta(seconds=500)
+    cut = resolve_cut(log, tp, late, CutContext(upper=100), b, **kw)
+    assert (cut.offset, cut.how) == (100, CUT_BY_NEIGHBOUR)
+    assert resolve_cut(log, tp, at, CutContext(frozen=7), b, **kw).offset == 7
+
+
+def test_resolve_cut_new_partition_starts_at_log_start():
+    log = MemoryLog()
+    tp = log.add_partition("t", 3, [_ms(T0) + i for i in range(10)])
+    log.log_start[tp] = 4
+    cut = resolve_cut(log, tp, T0 + timedelta(hours=1), CutContext(new_partition=True), log.bounds(tp),
+                      now=T0, idle_partition_grace=timedelta(0))
+    assert (cut.offset, cut.how) == (4, CUT_NEW_PARTITION)
+
+
+def test_resolve_cut_searches_only_what_retention_left():
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, [_ms(T0) + i * 1000 for i in range(100)])
+    log.log_start[tp] = 30
+    cut = resolve_cut(log, tp, T0 + timedelta(seconds=10), CutContext(lower=5), Bounds(30, 100),
+                      now=T0, idle_partition_grace=timedelta(hours=1))
+    assert (cut.offset, cut.how) == (30, CUT_BY_RECORD)
