@@ -170,3 +170,35 @@ def airflow_db():
 
     db.initdb()
     return os.environ["AIRFLOW_HOME"]
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+@pytest.fixture
+def freeze_windows(ledger):
+    """Plans windows straight into the ledger, without a broker, as the planner
+    would freeze them: hourly windows from 2024-01-01T00:00Z, window ``i`` holding
+    offsets ``[i * per_window, (i + 1) * per_window)`` of every partition.
+    ``freeze_windows(pipeline, [3, 1, 2])`` plans windows 3, 1 and 2 in that
+    order and returns their WindowPlans in that order."""
+    from datetime import datetime, timedelta, timezone
+
+    from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
+
+    def freeze(pipeline, indices=(0,), *, partitions=(("orders", 0), ("orders", 1)), per_window=5):
+        origin = datetime(2024, 1, 1, tzinfo=timezone.utc)
+        plans = []
+        with ledger.connect() as conn:
+            for i in indices:
+                window = Window(pipeline, origin + timedelta(hours=i), origin + timedelta(hours=i + 1))
+                plan = WindowPlan(window, tuple(sorted(
+                    PartitionRange(topic, p, i * per_window, (i + 1) * per_window) for topic, p in partitions
+                )))
+                with conn.transaction():
+                    ledger.lock_pipeline(conn, pipeline)
+                    ledger.freeze(conn, plan, [])
+                plans.append(plan)
+        return plans
+
+    return freeze

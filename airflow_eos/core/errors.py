@@ -51,3 +51,40 @@ class LogTruncated(EosError):
 class WindowConflict(EosError):
     """The window overlaps a window already planned with other boundaries, or
     its frozen plan disagrees with the topics asked for now."""
+
+
+# --------------------------------------------------------------------------- attempts and sinks
+
+
+class WindowNotPlanned(EosError):
+    """An attempt was asked for a window that has no frozen plan yet."""
+
+
+class AttemptFenced(EosError):
+    """A newer attempt of the window exists: this one may still write its staging,
+    but it can never be checkpointed, prepared or committed (zombie fencing)."""
+
+
+class AttemptClosed(EosError):
+    """The attempt was aborted or committed already; it cannot move any further."""
+
+
+class InvalidCheckpoint(EosError):
+    """What a job reported as consumed or staged cannot be true (overlapping or
+    gapped ranges of one partition, more records than offsets, a chunk twice)."""
+
+
+class NotPrepared(EosError):
+    """The attempt's checkpoint does not prove the window complete: a planned
+    partition was not consumed to its end cut, or the staging does not hold what
+    the checkpoint counted. ``missing`` lists each problem."""
+
+    def __init__(self, message: str, *, missing: list[str]):
+        super().__init__(message)
+        self.missing = missing
+
+
+class TargetError(EosError):
+    """The target table cannot take the staged rows: it is missing, a column has
+    another type, a key has no unique index. The staging is kept for inspection
+    until the attempt is aborted."""

@@ -106,6 +106,43 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        2,
+        """
+        -- Attempts' staging tables live here, named by the code (never by users).
+        CREATE SCHEMA IF NOT EXISTS eos_staging;
+
+        -- One row per chunk (one Spark task's transaction) the checkpoint counts.
+        -- Rows staged by chunks not listed here (a failed or duplicated task) are
+        -- never published.
+        CREATE TABLE eos.checkpoint_chunks (
+            pipeline      text        NOT NULL,
+            window_start  timestamptz NOT NULL,
+            epoch         integer     NOT NULL,
+            chunk         bigint      NOT NULL,
+            rows          bigint      NOT NULL CHECK (rows >= 0),
+            dead_letters  bigint      NOT NULL CHECK (dead_letters >= 0),
+            checksum      text        NOT NULL,
+            PRIMARY KEY (pipeline, window_start, epoch, chunk),
+            FOREIGN KEY (pipeline, window_start, epoch) REFERENCES eos.attempts ON DELETE CASCADE
+        );
+
+        -- Records the transform could not process, published with their window.
+        CREATE TABLE eos.dead_letters (
+            pipeline      text        NOT NULL,
+            window_start  timestamptz NOT NULL,
+            epoch         integer     NOT NULL,
+            topic         text        NOT NULL,
+            partition     integer     NOT NULL,
+            "offset"      bigint      NOT NULL,
+            error         text        NOT NULL,
+            key           bytea,
+            value         bytea,
+            PRIMARY KEY (pipeline, window_start, topic, partition, "offset"),
+            FOREIGN KEY (pipeline, window_start) REFERENCES eos.windows
+        );
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -1,0 +1,577 @@
+"""PostgresTarget: the two-phase-commit sink for PostgreSQL.
+
+The ledger and the target table share one database, so a window's rows, its
+dead letters and the pipeline's offsets commit in one transaction. In the order
+of a window's life:
+
+- **begin** opens an attempt (new epoch) and, in the same transaction, creates its
+  staging: two UNLOGGED tables in schema ``eos_staging`` named by the code, one
+  with the target's columns (types copied from the target, so a wrong type fails
+  while staging, with the column named) and one for dead letters.
+- **StagingWriter.write** (inside a Spark task) COPYs Arrow batches into the
+  staging in one transaction tagged with a fresh chunk id, and returns the
+  chunk's counts. A task that fails rolls its chunk back; a chunk that committed
+  but never reached the job commit (a task lost afterwards, a speculative copy) is
+  not in the checkpoint and is never published.
+- **prepare** (the sensor) compares the checkpoint's chunks with the staging.
+- **commit**: one transaction, described in :meth:`PostgresTarget.commit`.
+- **abort** drops the staging and marks the attempt aborted, atomically.
+
+Unlogged staging is fast to fill and is emptied by a database crash; prepare and
+commit both count it, so lost staging is re-staged, never half-published.
+
+Published rows carry the window in ``eos_pipeline`` / ``eos_window_start``
+(required in mode ``replace_window``, so a rerun replaces exactly that window's
+rows). Record-level pipelines should also keep the lineage columns
+``eos_topic``, ``eos_partition``, ``eos_offset`` (the source record of each row):
+``airflow-eos verify`` uses them to prove every record of the committed windows
+was published exactly once. To the sink they are ordinary target columns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pacsv
+from psycopg import sql
+
+from airflow_eos.core import attempt as attempts
+from airflow_eos.core.attempt import COMMITTED, Attempt, StagedChunk
+from airflow_eos.core.errors import (
+    ConfigurationError,
+    LedgerUnavailable,
+    NotPrepared,
+    TargetError,
+)
+from airflow_eos.core.ledger import Ledger, redact
+from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED, CommitResult, Sink
+from airflow_eos.core.windows import Window
+
+log = logging.getLogger(__name__)
+
+STAGING_SCHEMA = "eos_staging"
+WINDOW_COLUMNS = ("eos_pipeline", "eos_window_start")
+LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
+CHUNK_COLUMN = "eos_chunk"  # staging only: which writer transaction staged the row
+DEAD_LETTER_SUFFIX = "_dl"
+DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "error", "key", "value")
+MODES = ("replace_window", "upsert")
+ON_COMMITTED = ("skip", "replace")
+
+
+def parse_table_name(name: str) -> tuple[str | None, str]:
+    """``table``, ``schema.table``, with any part double-quoted (``""`` escapes a
+    quote) as in SQL; unquoted parts fold to lower case as PostgreSQL does. The
+    parts are only ever used through ``sql.Identifier``."""
+    parts: list[str] = []
+    i, n = 0, len(name)
+    while True:
+        if i < n and name[i] == '"':
+            chars, j = [], i + 1
+            while True:
+                k = name.find('"', j)
+                if k < 0:
+                    raise ConfigurationError(f"table name {name!r} has an unterminated quoted identifier")
+                chars.append(name[j:k])
+                if name.startswith('"', k + 1):
+                    chars.append('"')
+                    j = k + 2
+                    continue
+                break
+            part, i = "".join(chars), k + 1
+        else:
+            k = name.find(".", i)
+            k = n if k < 0 else k
+            part = name[i:k].strip()
+            if '"' in part:
+                raise ConfigurationError(f"table name {name!r}: quote only whole parts, like \"my schema\".table")
+            part, i = part.lower(), k
+        if not part:
+            raise ConfigurationError(f"table name {name!r} has an empty part")
+        parts.append(part)
+        if i == n:
+            break
+        if name[i] != ".":
+            raise ConfigurationError(f"table name {name!r}: unexpected {name[i:]!r} after a quoted part")
+        i += 1
+    if len(parts) > 2:
+        raise ConfigurationError(f"table name {name!r} has {len(parts)} parts; give table or schema.table")
+    return (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+
+
+def _staging_ids(staging: str) -> tuple[sql.Identifier, sql.Identifier]:
+    return sql.Identifier(STAGING_SCHEMA, staging), sql.Identifier(STAGING_SCHEMA, staging + DEAD_LETTER_SUFFIX)
+
+
+def _connect(url: str, purpose: str, connect_timeout: int = 10) -> psycopg.Connection:
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout,
+                               application_name=f"airflow-eos {purpose}"[:63])
+    except psycopg.OperationalError as exc:
+        raise LedgerUnavailable(f"cannot connect to {redact(url)}: {exc}") from exc
+
+
+def _pg_message(exc: psycopg.Error) -> str:
+    """The server's words, including where (COPY line and column) when it says."""
+    diag = exc.diag
+    text = diag.message_primary or str(exc)
+    extra = [d for d in (diag.message_detail, diag.message_hint, diag.context) if d]
+    return text + (" (" + "; ".join(x.strip() for x in extra) + ")" if extra else "")
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What begin and commit need to know of the target table."""
+
+    staged: tuple[str, ...]  # columns the job writes, in the target's order
+    window_columns: bool
+
+
+@dataclass(frozen=True)
+class PostgresTarget(Sink):
+    """A PostgreSQL table as a two-phase-commit target.
+
+    - ``url``: the target database, which also holds the ledger (schema ``eos``).
+    - ``table``: ``table`` or ``schema.table`` (see parse_table_name). It must
+      exist; the sink never creates or alters it.
+    - ``mode``: ``replace_window`` (rows carry the window in ``eos_pipeline`` and
+      ``eos_window_start``, which the commit fills) or ``upsert`` (``INSERT … ON
+      CONFLICT (key) DO UPDATE``; ``key`` needs a unique index; the window
+      columns are filled if the table has them).
+    - ``on_committed``: what committing a window that is already committed does:
+      ``skip`` (nothing; reported) or ``replace`` (the window's published rows are
+      replaced by this attempt's, atomically; in upsert mode the rows are
+      upserted again, and rows still tagged with this window are deleted first).
+    - ``columns``: the columns the job writes; default every column except the
+      window columns and generated ones. Name them when the table has columns
+      the job leaves to their defaults.
+    """
+
+    url: str
+    table: str
+    mode: str = "replace_window"
+    key: tuple[str, ...] = ()
+    on_committed: str = "skip"
+    columns: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigurationError(f"mode must be one of {MODES}, not {self.mode!r}")
+        if self.on_committed not in ON_COMMITTED:
+            raise ConfigurationError(f"on_committed must be one of {ON_COMMITTED}, not {self.on_committed!r}")
+        if isinstance(self.key, str):
+            object.__setattr__(self, "key", (self.key,))
+        object.__setattr__(self, "key", tuple(self.key))
+        if self.mode == "upsert" and not self.key:
+            raise ConfigurationError("mode 'upsert' needs key columns")
+        if self.mode == "replace_window" and self.key:
+            raise ConfigurationError("key columns are only used in mode 'upsert'")
+        if self.columns is not None:
+            object.__setattr__(self, "columns", tuple(self.columns))
+            bad = [c for c in self.columns if c in WINDOW_COLUMNS or c == CHUNK_COLUMN]
+            if bad:
+                raise ConfigurationError(f"columns {bad} are filled by the sink, not written by the job")
+        parse_table_name(self.table)  # fail at DAG parse time, not at commit
+
+    def __repr__(self) -> str:
+        return (f"PostgresTarget({self.table!r} in {redact(self.url)}, mode={self.mode!r}, "
+                f"on_committed={self.on_committed!r})")
+
+    @property
+    def ledger(self) -> Ledger:  # type: ignore[override]
+        return Ledger(self.url)
+
+    @property
+    def _target(self) -> sql.Identifier:
+        schema, table = parse_table_name(self.table)
+        return sql.Identifier(table) if schema is None else sql.Identifier(schema, table)
+
+    @contextlib.contextmanager
+    def _connection(self, purpose: str, hint: str = "") -> Iterator[psycopg.Connection]:
+        conn = _connect(self.url, purpose)
+        try:
+            yield conn
+        except psycopg.OperationalError as exc:
+            raise LedgerUnavailable(f"{purpose} failed in {redact(self.url)}: {exc}{hint}") from exc
+        finally:
+            conn.close()
+
+    # ------------------------------------------------------------------ the target table
+
+    def _describe(self, conn: psycopg.Connection) -> _Shape:
+        """Check the target table can take what this sink stages; say clearly
+        what is wrong when it cannot."""
+        oid = conn.execute("SELECT to_regclass(%s)::oid", (self._target.as_string(conn),)).fetchone()[0]
+        if oid is None:
+            raise TargetError(f"target table {self.table} does not exist in {redact(self.url)}; create it first")
+        kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = %s", (oid,)).fetchone()[0]
+        if kind not in ("r", "p"):
+            raise TargetError(f"target {self.table} is not a table (relkind {kind!r})")
+        rows = conn.execute(
+            "SELECT attname, attgenerated <> '' OR attidentity = 'a' FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (oid,),
+        ).fetchall()
+        names = [name for name, _ in rows]
+        generated = {name for name, gen in rows if gen}
+        if CHUNK_COLUMN in names:
+            raise TargetError(f"target table {self.table} has a column {CHUNK_COLUMN!r}, which the sink reserves")
+        window_columns = all(c in names for c in WINDOW_COLUMNS)
+        if self.mode == "replace_window" and not window_columns:
+            raise TargetError(
+                f"target table {self.table} needs the columns eos_pipeline (text) and eos_window_start "
+                "(timestamptz) in mode 'replace_window': they record each row's window so a rerun can replace it"
+            )
+        writable = [n for n in names if n not in WINDOW_COLUMNS and n not in generated]
+        if self.columns is None:
+            staged = tuple(writable)
+        else:
+            unknown = [c for c in self.columns if c not in writable]
+            if unknown:
+                raise TargetError(f"columns {unknown} are not writable columns of target table {self.table} "
+                                  f"(writable: {writable})")
+            staged = tuple(n for n in writable if n in self.columns)
+        if self.mode == "upsert":
+            missing = [k for k in self.key if k not in staged]
+            if missing:
+                raise TargetError(f"upsert key columns {missing} are not staged columns of {self.table}")
+            unique = conn.execute(
+                """
+                SELECT EXISTS (
+                    SELECT 1 FROM pg_index i
+                    WHERE i.indrelid = %(oid)s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+                      AND i.indnkeyatts = cardinality(%(key)s::text[])
+                      AND (SELECT array_agg(a.attname::text) FROM pg_attribute a
+                           WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey::int2[])) @> %(key)s::text[])
+                """,
+                {"oid": oid, "key": list(self.key)},
+            ).fetchone()[0]
+            if not unique:
+                raise TargetError(f"upsert key ({', '.join(self.key)}) of {self.table} needs a unique index "
+                                  "or primary key on exactly these columns")
+        return _Shape(staged, window_columns)
+
+    # ------------------------------------------------------------------ begin
+
+    def begin(self, window: Window) -> Attempt:
+        """Open an attempt and create its empty staging, in one transaction: a
+        target that cannot take the rows fails here, before any Spark work,
+        leaving no attempt behind."""
+        with self._connection(f"begin {window}") as conn, conn.transaction():
+            attempt = attempts.open_attempt(conn, window)
+            shape = self._describe(conn)
+            rows_table, dead_table = _staging_ids(attempt.staging)
+            # CREATE TABLE AS copies names and types (with typmods), no constraints:
+            # staging holds what the job wrote; the target's constraints apply at commit.
+            conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} WITH NO DATA").format(
+                rows_table, sql.SQL(", ").join(map(sql.Identifier, shape.staged)), self._target))
+            # Each writer transaction sets eos.chunk; COPY then tags rows without
+            # the writer sending a column for it. (SET DEFAULT apart from ADD
+            # COLUMN, which would evaluate the default once, now.)
+            conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint NOT NULL").format(
+                rows_table, sql.Identifier(CHUNK_COLUMN)))
+            conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT current_setting('eos.chunk')::bigint")
+                         .format(rows_table, sql.Identifier(CHUNK_COLUMN)))
+            conn.execute(sql.SQL(
+                'CREATE UNLOGGED TABLE {} ({} bigint NOT NULL, topic text NOT NULL, partition integer NOT NULL,'
+                ' "offset" bigint NOT NULL, error text NOT NULL, key bytea, value bytea)'
+            ).format(dead_table, sql.Identifier(CHUNK_COLUMN)))
+        log.info("%s: staging %s.%s created for target %s (%d columns)", attempt, STAGING_SCHEMA,
+                 attempt.staging, self.table, len(shape.staged))
+        return attempt
+
+    # ------------------------------------------------------------------ stage
+
+    def _staged_columns(self, conn: psycopg.Connection, attempt: Attempt) -> tuple[str, ...] | None:
+        rows_table, _ = _staging_ids(attempt.staging)
+        rows = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
+            " AND NOT attisdropped AND attname <> %s ORDER BY attnum",
+            (rows_table.as_string(conn), CHUNK_COLUMN),
+        ).fetchall()
+        return tuple(r[0] for r in rows) or None
+
+    def writer(self, attempt: Attempt) -> StagingWriter:
+        with self._connection(f"writer {attempt}") as conn:
+            columns = self._staged_columns(conn, attempt)
+        if columns is None:
+            raise TargetError(f"staging of {attempt} does not exist: the attempt was aborted or committed")
+        return StagingWriter(self.url, attempt.staging, columns, self.table)
+
+    # ------------------------------------------------------------------ prepare
+
+    def count_staged(self, attempt: Attempt) -> dict[int, tuple[int, int]] | None:
+        rows_table, dead_table = _staging_ids(attempt.staging)
+        with self._connection(f"prepare {attempt}") as conn:
+            try:
+                rows = conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
+                    sql.Identifier(CHUNK_COLUMN), rows_table)).fetchall()
+                dead = conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
+                    sql.Identifier(CHUNK_COLUMN), dead_table)).fetchall()
+            except psycopg.errors.UndefinedTable:
+                return None
+        counts = {chunk: (n, 0) for chunk, n in rows}
+        for chunk, n in dead:
+            counts[chunk] = (counts.get(chunk, (0, 0))[0], n)
+        return counts
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self, attempt: Attempt) -> CommitResult:
+        """Publish a prepared attempt. One transaction:
+
+        1. lock the window row, then the attempt row (begin and abort of the
+           window wait; a second commit waits, then finds it done);
+        2. this attempt committed before → no-op, reported; the window committed
+           by another attempt → ``skip``: no-op (this attempt's staging is
+           dropped) or ``replace``: delete the window's published rows first;
+        3. the attempt must hold the current epoch and be prepared;
+        4. ``INSERT … SELECT`` the checkpointed chunks' rows and dead letters;
+           their counts must equal the checkpoint's (staging lost after prepare
+           is refused, nothing published);
+        5. mark window and attempt committed, advance the pipeline's offsets to
+           the contiguous committed prefix, drop the staging.
+
+        A failure anywhere rolls all of it back. On a target error the staging
+        is kept for inspection until the attempt is aborted. If the connection
+        is lost, the outcome is "rolled back" unless it was lost during COMMIT
+        itself; either way retrying is safe.
+        """
+        started = time.monotonic()
+        rows_table, dead_table = _staging_ids(attempt.staging)
+        with self._connection(f"commit {attempt}", "; retrying the commit is safe") as conn, conn.transaction():
+            status = attempts.load_status(conn, attempt, lock=True)
+            if status.state == COMMITTED:
+                log.info("%s: committed before; nothing to do", attempt)
+                return CommitResult(attempt, ALREADY_COMMITTED, status.committed_epoch, status.published_rows,
+                                    status.dead_letter_rows)
+            replacing = status.window_state == COMMITTED
+            if replacing and self.on_committed == "skip":
+                attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch};"
+                                                     " on_committed='skip'")
+                self._drop_staging(conn, attempt)
+                result = CommitResult(attempt, SKIPPED, status.committed_epoch, status.published_rows,
+                                      status.dead_letter_rows)
+                log.info("%s", result)
+                return result
+            attempts.check_committable(attempt, status)
+            checkpoint = attempts.load_checkpoint(conn, attempt)
+            chunks = [c.chunk for c in checkpoint.chunks]
+            try:
+                shape = self._describe(conn)
+                columns = self._staged_columns(conn, attempt)
+                if columns is None:
+                    raise NotPrepared(f"cannot commit {attempt}: its staging {attempt.staging} is gone; "
+                                      "stage the window again", missing=["staging table"])
+                replaced = self._delete_window(conn, attempt, shape) if replacing else 0
+                params = {"pipeline": attempt.pipeline, "window_start": attempt.window_start,
+                          "epoch": attempt.epoch, "chunks": chunks}
+                published = conn.execute(self._publish_sql(columns, shape, rows_table), params).rowcount
+                dead = conn.execute(
+                    sql.SQL('INSERT INTO eos.dead_letters (pipeline, window_start, epoch, topic, partition, "offset",'
+                            ' error, key, value) SELECT %(pipeline)s, %(window_start)s, %(epoch)s, topic, partition,'
+                            ' "offset", error, key, value FROM {} WHERE {} = ANY(%(chunks)s::bigint[])'
+                            ).format(dead_table, sql.Identifier(CHUNK_COLUMN)),
+                    params,
+                ).rowcount
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                raise TargetError(f"cannot publish {attempt} into {self.table}: {_pg_message(exc)}; "
+                                  "staging kept until the attempt is aborted") from exc
+            if (published, dead) != (checkpoint.row_count, checkpoint.dead_letter_count):
+                raise NotPrepared(
+                    f"cannot commit {attempt}: the checkpoint counted {checkpoint.row_count} rows and "
+                    f"{checkpoint.dead_letter_count} dead letters, the staging holds {published} and {dead} "
+                    "(staging lost or changed after prepare); nothing published, stage the window again",
+                    missing=["staged rows"],
+                )
+            offsets = attempts.mark_committed(conn, attempt, published, dead)
+            self._drop_staging(conn, attempt)
+        result = CommitResult(attempt, REPLACED if replacing else PUBLISHED, attempt.epoch, published, dead,
+                              replaced, offsets, time.monotonic() - started)
+        log.info("%s", result)
+        return result
+
+    def _delete_window(self, conn: psycopg.Connection, attempt: Attempt, shape: _Shape) -> int:
+        conn.execute("DELETE FROM eos.dead_letters WHERE pipeline = %s AND window_start = %s",
+                     (attempt.pipeline, attempt.window_start))
+        if not shape.window_columns:  # upsert without window columns: the upsert overwrites
+            return 0
+        return conn.execute(
+            sql.SQL("DELETE FROM {} WHERE eos_pipeline = %s AND eos_window_start = %s").format(self._target),
+            (attempt.pipeline, attempt.window_start),
+        ).rowcount
+
+    def _publish_sql(self, columns: tuple[str, ...], shape: _Shape, rows_table: sql.Identifier) -> sql.Composed:
+        """Parameters: pipeline, window_start, chunks (the checkpointed chunk ids)."""
+        target_columns = list(columns) + (list(WINDOW_COLUMNS) if shape.window_columns else [])
+        values = [sql.Identifier(c) for c in columns]
+        if shape.window_columns:
+            values += [sql.SQL("%(pipeline)s::text"), sql.SQL("%(window_start)s::timestamptz")]
+        statement = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} WHERE {} = ANY(%(chunks)s::bigint[])").format(
+            self._target, sql.SQL(", ").join(map(sql.Identifier, target_columns)), sql.SQL(", ").join(values),
+            rows_table, sql.Identifier(CHUNK_COLUMN))
+        if self.mode == "upsert":
+            updated = [c for c in target_columns if c not in self.key] or [self.key[0]]
+            statement += sql.SQL(" ON CONFLICT ({}) DO UPDATE SET {}").format(
+                sql.SQL(", ").join(map(sql.Identifier, self.key)),
+                sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updated))
+        return statement
+
+    # ------------------------------------------------------------------ abort
+
+    def _drop_staging(self, conn: psycopg.Connection, attempt: Attempt) -> None:
+        for table in _staging_ids(attempt.staging):
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+
+    def abort(self, attempt: Attempt, reason: str) -> bool:
+        """Mark the attempt aborted and drop its staging in one transaction.
+        Waits for a writer still staging into it (a zombie task) to finish."""
+        with self._connection(f"abort {attempt}") as conn, conn.transaction():
+            aborted = attempts.mark_aborted(conn, attempt, reason)
+            self._drop_staging(conn, attempt)
+        return aborted
+
+
+# --------------------------------------------------------------------------- the writer
+
+
+@dataclass(frozen=True)
+class StagingWriter:
+    """Stages rows of one attempt from inside Spark tasks. Plain data: pickle it
+    into the tasks, or pass ``to_json()`` as a data source option.
+
+    Call :meth:`write` once per task with the task's Arrow batches; return the
+    StagedChunk to Spark as the task's commit message; on job commit pass every
+    message's chunk to ``PostgresTarget.checkpoint``.
+    """
+
+    url: str
+    staging: str
+    columns: tuple[str, ...]
+    target: str  # for messages
+
+    def to_json(self) -> str:
+        return json.dumps({"url": self.url, "staging": self.staging, "columns": list(self.columns),
+                           "target": self.target})
+
+    @classmethod
+    def from_json(cls, text: str) -> "StagingWriter":
+        data = json.loads(text)
+        return cls(data["url"], data["staging"], tuple(data["columns"]), data["target"])
+
+    def __repr__(self) -> str:
+        return f"StagingWriter({STAGING_SCHEMA}.{self.staging} for {self.target} in {redact(self.url)})"
+
+    def write(self, batches: Iterable[pa.RecordBatch | pa.Table],
+              dead_letters: Iterable[pa.RecordBatch | pa.Table | Mapping] = ()) -> StagedChunk:
+        """COPY the batches, then the dead letters, in one transaction as one
+        chunk; all or nothing. ``dead_letters`` is read after ``batches`` is
+        exhausted, so a list that the batches' generator fills works.
+
+        Batches must have exactly the staged columns (any order). Dead letters
+        have ``topic``, ``partition``, ``offset``, ``error`` and optionally
+        ``key``, ``value`` (bytes).
+        """
+        chunk = secrets.randbits(63)
+        digest = hashlib.blake2b(digest_size=16)
+        rows = dead = 0
+        started = time.monotonic()
+        rows_table, dead_table = _staging_ids(self.staging)
+        conn = _connect(self.url, f"stage {self.staging}")
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL TIME ZONE 'UTC'")  # zone-less timestamps are UTC
+                conn.execute("SELECT set_config('eos.chunk', %s, true)", (str(chunk),))
+                with conn.cursor() as cur:
+                    batches = (b for b in batches if b.num_rows)
+                    first = next(batches, None)
+                    if first is not None:
+                        order = self._check_columns(first.schema.names)
+                        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+                                rows_table, sql.SQL(", ").join(map(sql.Identifier, order)))) as copy:
+                            for batch in itertools.chain([first], batches):
+                                if batch.schema.names != order:
+                                    self._check_columns(batch.schema.names)
+                                    batch = batch.select(order)
+                                payload = _csv(batch)
+                                digest.update(payload)
+                                copy.write(payload)
+                                rows += batch.num_rows
+                    with cur.copy(sql.SQL("COPY {} ({}, topic, partition, \"offset\", error, key, value) FROM STDIN")
+                                  .format(dead_table, sql.Identifier(CHUNK_COLUMN))) as dl_copy:
+                        for record in _dead_letter_rows(dead_letters):
+                            digest.update(repr(record).encode())
+                            dl_copy.write_row((chunk, *record))
+                            dead += 1
+        except psycopg.OperationalError as exc:
+            raise LedgerUnavailable(f"staging into {self.staging} for {self.target}: lost the database "
+                                    f"{redact(self.url)}: {exc}") from exc
+        except psycopg.errors.UndefinedTable as exc:
+            raise TargetError(f"staging table {STAGING_SCHEMA}.{self.staging} of {self.target} does not exist: "
+                              "its attempt was aborted or committed") from exc
+        except psycopg.Error as exc:
+            raise TargetError(f"cannot stage rows for {self.target} into {STAGING_SCHEMA}.{self.staging}: "
+                              f"{_pg_message(exc)}") from exc
+        except pa.ArrowException as exc:
+            raise TargetError(f"cannot encode rows for {self.target}: {exc} (nested types need a cast to "
+                              "string or JSON in the transform)") from exc
+        finally:
+            conn.close()
+        seconds = time.monotonic() - started
+        log.info("staged chunk %d into %s: %d rows, %d dead letters in %.2fs (%.0f rows/s)", chunk, self.staging,
+                 rows, dead, seconds, rows / seconds if seconds else 0)
+        return StagedChunk(chunk, rows, dead, digest.hexdigest())
+
+    def _check_columns(self, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names) or set(names) != set(self.columns):
+            unexpected = sorted(set(names) - set(self.columns))
+            missing = [c for c in self.columns if c not in names]
+            raise TargetError(f"rows for {self.target} must have exactly the columns {list(self.columns)}; "
+                              f"unexpected: {unexpected}, missing: {missing}"
+                              + (", duplicated names" if len(set(names)) != len(names) else ""))
+        return list(names)
+
+
+_CSV_OPTIONS = pacsv.WriteOptions(include_header=False)
+
+
+def _csv(batch: pa.RecordBatch | pa.Table) -> pa.Buffer:
+    """Arrow → PostgreSQL CSV (nulls unquoted-empty, strings quoted)."""
+    arrays = []
+    for f, column in zip(batch.schema, batch.columns):
+        t = f.type
+        if pa.types.is_dictionary(t):
+            column, t = column.cast(t.value_type), t.value_type
+        if pa.types.is_timestamp(t) and t.tz is not None:
+            # Arrow formats zoned timestamps ~20x slower; the instant's UTC wall
+            # clock is the same instant in the writer's UTC session.
+            column = column.cast(pa.timestamp(t.unit))
+        elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+            # bytea's hex input; Arrow's CSV writer refuses non-UTF-8 bytes
+            column = pa.array([None if v is None else "\\x" + v.hex() for v in column.to_pylist()], pa.string())
+        arrays.append(column)
+    table = pa.Table.from_arrays(arrays, names=batch.schema.names)
+    out = pa.BufferOutputStream()
+    pacsv.write_csv(table, out, _CSV_OPTIONS)
+    return out.getvalue()
+
+
+def _dead_letter_rows(dead_letters: Iterable[pa.RecordBatch | pa.Table | Mapping]) -> Iterator[tuple]:
+    for item in dead_letters:
+        records = [item] if isinstance(item, Mapping) else item.to_pylist()
+        for r in records:
+            missing = [k for k in ("topic", "partition", "offset", "error") if r.get(k) is None]
+            if missing:
+                raise TargetError(f"dead letter {r!r} lacks {missing}")
+            yield (r["topic"], r["partition"], r["offset"], str(r["error"]), r.get("key"), r.get("value"))

@@ -1,0 +1,128 @@
+"""The two-phase-commit sink interface, in the spirit of Flink's Sink V2.
+
+A window's life through a sink::
+
+    attempt = sink.begin(window)          # stage: new epoch (fences older attempts), staging
+    writer = sink.writer(attempt)         # picklable; used inside Spark tasks
+    sink.checkpoint(attempt, consumed, chunks)   # Spark job commit
+    sink.prepare(attempt)                 # await_checkpoint: the barrier
+    sink.commit(attempt)                  # idempotent; says what it did
+    sink.abort(attempt, reason)           # or abort_window / sweep
+
+The target-independent protocol (epochs, checkpoints, prepare's checks, ledger
+states) lives in :mod:`airflow_eos.core.attempt`; a sink supplies its staging,
+its writer, a count of what is staged, the commit and the abort.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from airflow_eos.core import attempt as attempts
+from airflow_eos.core.attempt import Attempt, Checkpoint, ConsumedRange, Readiness, StagedChunk
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.windows import TopicPartition, Window
+
+log = logging.getLogger(__name__)
+
+PUBLISHED = "published"  # the window's rows were published for the first time
+REPLACED = "replaced"  # the window was committed before; its rows were replaced (on_committed="replace")
+ALREADY_COMMITTED = "already_committed"  # this attempt committed before: a retried commit, nothing done
+SKIPPED = "skipped"  # another attempt committed the window; on_committed="skip": nothing done
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    attempt: Attempt
+    outcome: str  # PUBLISHED | REPLACED | ALREADY_COMMITTED | SKIPPED
+    committed_epoch: int  # the epoch whose rows the target holds now
+    published_rows: int  # rows of the window in the target, as recorded when it was committed
+    dead_letter_rows: int
+    replaced_rows: int = 0  # rows of the window deleted by a replace
+    offsets: Mapping[TopicPartition, int] | None = None  # the pipeline's offsets after a publishing commit
+    seconds: float = 0.0
+
+    @property
+    def changed(self) -> bool:
+        return self.outcome in (PUBLISHED, REPLACED)
+
+    def __str__(self) -> str:
+        if self.outcome == ALREADY_COMMITTED:
+            return f"{self.attempt}: committed before ({self.published_rows} rows); nothing to do"
+        if self.outcome == SKIPPED:
+            return (f"{self.attempt}: the window was committed before by attempt {self.committed_epoch} "
+                    f"({self.published_rows} rows); on_committed='skip', nothing published")
+        replaced = f", replacing {self.replaced_rows} rows" if self.outcome == REPLACED else ""
+        return (f"{self.attempt}: published {self.published_rows} rows and {self.dead_letter_rows} dead letters"
+                f"{replaced} in {self.seconds:.2f}s")
+
+
+class Sink(ABC):
+    """A two-phase-commit target. Subclasses keep the ledger in ``self.ledger``."""
+
+    ledger: Ledger
+
+    @abstractmethod
+    def begin(self, window: Window) -> Attempt:
+        """Open a new attempt of a planned window (a new epoch, fencing older
+        attempts) and create its empty staging."""
+
+    @abstractmethod
+    def writer(self, attempt: Attempt):
+        """A picklable object that Spark tasks use to stage rows; each of its
+        writes returns a StagedChunk for the job commit."""
+
+    def checkpoint(self, attempt: Attempt, consumed: Iterable[ConsumedRange],
+                   chunks: Iterable[StagedChunk]) -> Checkpoint:
+        """Record what the job consumed and staged (called on Spark's job commit
+        with the chunks of the successful tasks)."""
+        checkpoint = attempts.make_checkpoint(consumed, chunks)
+        with self.ledger.connect() as conn, conn.transaction():
+            attempts.write_checkpoint(conn, attempt, checkpoint)
+        return checkpoint
+
+    def prepare(self, attempt: Attempt) -> Readiness:
+        """The barrier: see :func:`airflow_eos.core.attempt.prepare`."""
+        return attempts.prepare(self.ledger, attempt, self.count_staged)
+
+    @abstractmethod
+    def count_staged(self, attempt: Attempt) -> Mapping[int, tuple[int, int]] | None:
+        """chunk -> (rows, dead letters) present in the staging; None if it is gone."""
+
+    @abstractmethod
+    def commit(self, attempt: Attempt) -> CommitResult:
+        """Publish a prepared attempt atomically with its offsets. Idempotent:
+        a retry after success does nothing and says so."""
+
+    @abstractmethod
+    def abort(self, attempt: Attempt, reason: str) -> bool:
+        """Drop the attempt's staging and mark it aborted (False if it had ended).
+        The window stays planned and can be run again."""
+
+    def abort_window(self, window: Window, reason: str) -> list[Attempt]:
+        """Abort every live attempt of a window (the abort task of a failed run)."""
+        with self.ledger.connect() as conn, conn.transaction():
+            live = attempts.live_attempts(conn, window=window)
+        return [a for a in live if self.abort(a, reason)]
+
+    def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
+        """Abort attempts left live longer than ``older_than`` (zombies nobody
+        aborted). The timeout must exceed the longest stage-to-commit time of a
+        healthy run. Returns what was aborted; an attempt that cannot be aborted
+        now (its staging locked by a writer) is logged and left for next time."""
+        cutoff = (now or datetime.now(timezone.utc)) - older_than
+        with self.ledger.connect() as conn, conn.transaction():
+            stale = attempts.live_attempts(conn, opened_before=cutoff)
+        swept = []
+        for a in stale:
+            try:
+                if self.abort(a, f"swept: live for longer than {older_than}"):
+                    swept.append(a)
+            except Exception as exc:  # noqa: BLE001 - one stuck attempt must not stop the sweep
+                log.warning("sweep could not abort %s now: %s", a, exc)
+        log.info("sweep aborted %d of %d attempts opened before %s", len(swept), len(stale), cutoff.isoformat())
+        return swept
