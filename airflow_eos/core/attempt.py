@@ -113,12 +113,13 @@ def open_attempt(conn: psycopg.Connection, window: Window) -> Attempt:
         "UPDATE eos.windows SET epoch = epoch + 1 WHERE pipeline = %s AND window_start = %s RETURNING epoch",
         (window.pipeline, window.start),
     ).fetchone()
-    attempt = Attempt(window.pipeline, window.start, window.end, epoch, staging_name(window.pipeline, window.start, epoch))
+    staging = staging_name(window.pipeline, window.start, epoch)
+    attempt = Attempt(window.pipeline, window.start, window.end, epoch, staging)
     conn.execute(
         "INSERT INTO eos.attempts (pipeline, window_start, epoch, staging_table) VALUES (%s, %s, %s, %s)",
         (attempt.pipeline, attempt.window_start, attempt.epoch, attempt.staging),
     )
-    log.info("%s opened (staging %s)", attempt, attempt.staging)
+    log.info("%s opened; older attempts of the window are fenced", attempt)
     return attempt
 
 
