@@ -27,8 +27,9 @@ _MIGRATION_LOCK = 0x656F735F6D6967  # "eos_mig"
 
 
 def redact(url: str) -> str:
-    """A connection URL fit for a log line or an error message."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+    """A connection URL or libpq conninfo string fit for a log line or an error."""
+    url = re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
 
 
 @dataclass(frozen=True)
