@@ -31,7 +31,7 @@ from airflow_eos.core.errors import (
     WindowNotClosed,
 )
 from airflow_eos.core.ledger import CutContext, Ledger
-from airflow_eos.core.source import Bounds, PartitionLog
+from airflow_eos.core.source import Bounds, PartitionLog, normalise_topics
 from airflow_eos.core.windows import (
     CUT_BY_IDLE,
     CUT_BY_NEIGHBOUR,
@@ -143,18 +143,9 @@ class PlanRequest:
     idle_partition_grace: timedelta = timedelta(minutes=5)
 
     def __post_init__(self) -> None:
-        if isinstance(self.topics, str):
-            raise ConfigurationError(f"topics must be a list of topic names, not the string {self.topics!r}")
-        topics = tuple(self.topics)
-        if not topics:
-            raise ConfigurationError(f"pipeline {self.window.pipeline!r} has an empty topic list")
-        if any(not isinstance(t, str) or not t for t in topics):
-            raise ConfigurationError(f"topic names must be non-empty strings, got {list(topics)!r}")
-        if len(set(topics)) != len(topics):
-            raise ConfigurationError(f"topic list has duplicates: {list(topics)!r}")
+        object.__setattr__(self, "topics", normalise_topics(self.topics, self.window.pipeline))
         if self.idle_partition_grace < timedelta(0):
             raise ConfigurationError("idle_partition_grace must not be negative")
-        object.__setattr__(self, "topics", tuple(sorted(topics)))
 
 
 def check_readable(plan: WindowPlan, bounds: dict[TopicPartition, Bounds]) -> None:

@@ -31,6 +31,7 @@ was published exactly once. To the sink they are ordinary target columns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -157,14 +158,19 @@ class PostgresTarget(Sink):
       the job leaves to their defaults.
     """
 
-    url: str
-    table: str
+    url: str | None = None
+    table: str = ""
     mode: str = "replace_window"
     key: tuple[str, ...] = ()
     on_committed: str = "skip"
     columns: tuple[str, ...] | None = None
+    # In a DAG the target names an Airflow connection instead of a URL; the
+    # operators resolve it (with_url) where the connection can be read.
+    postgres_conn_id: str = "postgres_default"
 
     def __post_init__(self) -> None:
+        if not self.table or not isinstance(self.table, str):
+            raise ConfigurationError("PostgresTarget needs table='table' or table='schema.table'")
         if self.mode not in MODES:
             raise ConfigurationError(f"mode must be one of {MODES}, not {self.mode!r}")
         if self.on_committed not in ON_COMMITTED:
@@ -184,12 +190,20 @@ class PostgresTarget(Sink):
         parse_table_name(self.table)  # fail at DAG parse time, not at commit
 
     def __repr__(self) -> str:
-        return (f"PostgresTarget({self.table!r} in {redact(self.url)}, mode={self.mode!r}, "
-                f"on_committed={self.on_committed!r})")
+        where = redact(self.url) if self.url else f"connection {self.postgres_conn_id!r}"
+        return f"PostgresTarget({self.table!r} in {where}, mode={self.mode!r}, on_committed={self.on_committed!r})"
+
+    def with_url(self, url: str) -> "PostgresTarget":
+        return dataclasses.replace(self, url=url)
+
+    def _url(self) -> str:
+        if not self.url:
+            raise ConfigurationError(f"{self!r} has no database URL: resolve postgres_conn_id with with_url()")
+        return self.url
 
     @property
     def ledger(self) -> Ledger:  # type: ignore[override]
-        return Ledger(self.url)
+        return Ledger(self._url())
 
     @property
     def _target(self) -> sql.Identifier:
@@ -198,7 +212,7 @@ class PostgresTarget(Sink):
 
     @contextlib.contextmanager
     def _connection(self, purpose: str, hint: str = "") -> Iterator[psycopg.Connection]:
-        conn = _connect(self.url, purpose)
+        conn = _connect(self._url(), purpose)
         try:
             yield conn
         except psycopg.OperationalError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
@@ -46,6 +46,35 @@ def consumer_config(kafka_config: dict, **overrides) -> dict:
     # assign() never joins a group, but librdkafka insists on a group.id.
     config.setdefault("group.id", f"airflow-eos-reader-{uuid.uuid4().hex[:8]}")
     return config
+
+
+def normalise_topics(topics, pipeline: str = "") -> tuple[str, ...]:
+    """A pipeline's topics as a sorted tuple; refuses what can never be read."""
+    owner = f" of pipeline {pipeline!r}" if pipeline else ""
+    if isinstance(topics, str):
+        raise ConfigurationError(f"topics{owner} must be a list of topic names, not the string {topics!r}")
+    topics = tuple(topics)
+    if not topics:
+        raise ConfigurationError(f"the topic list{owner} is empty")
+    if any(not isinstance(t, str) or not t for t in topics):
+        raise ConfigurationError(f"topic names{owner} must be non-empty strings, got {list(topics)!r}")
+    if len(set(topics)) != len(topics):
+        raise ConfigurationError(f"the topic list{owner} has duplicates: {list(topics)!r}")
+    return tuple(sorted(topics))
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """Where a pipeline reads: its topics, on the cluster of an Airflow ``kafka``
+    connection (its extra is the librdkafka config), plus reader settings that
+    override the connection's (e.g. larger fetch sizes for the stage job)."""
+
+    topics: tuple[str, ...]
+    kafka_conn_id: str = "kafka_default"
+    reader_config: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "topics", normalise_topics(self.topics))
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def test_plan_round_trips_through_json():
 
 
 @pytest.mark.parametrize("topics, message", [
-    ([], "empty topic list"),
+    ([], "topic list of pipeline .p. is empty"),
     ("orders", "not the string"),
     (["a", "a"], "duplicates"),
     (["a", ""], "non-empty"),
