@@ -30,4 +30,10 @@ def get_provider_info() -> dict:
                 "tags": ["apache"],
             }
         ],
+        "operators": [{"integration-name": "airflow-eos", "python-modules": ["airflow_eos.operators.eos"]}],
+        "sensors": [{"integration-name": "airflow-eos", "python-modules": ["airflow_eos.sensors.eos"]}],
+        "triggers": [{"integration-name": "airflow-eos", "python-modules": ["airflow_eos.triggers.eos"]}],
+        # The connections are the Kafka, Postgres and Spark providers' own types
+        # (kafka, postgres, spark); these hooks only read them.
+        "hooks": [{"integration-name": "airflow-eos", "python-modules": ["airflow_eos.hooks.eos"]}],
     }

@@ -1,0 +1,344 @@
+"""Operators of a window's life: thin shells over airflow_eos.core.
+
+plan → stage → (await_checkpoint, in sensors/) → commit, and abort as the
+window's teardown. Each turns Airflow connections into plain values with a hook
+and calls one core function; the protocol itself lives in the core.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator, BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException
+from airflow_eos.core.attempt import Attempt
+from airflow_eos.core.errors import WindowNotClosed
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.plan import PlanRequest, plan_window
+from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.core.source import KafkaLog, KafkaSource
+from airflow_eos.core.windows import Window, WindowPlan
+from airflow_eos.hooks.eos import EosKafkaHook, EosPostgresHook, resolve_target
+from airflow_eos.spark.submit import stage_job_environment, stage_job_path
+from airflow_eos.triggers.eos import WindowClosedTrigger
+
+log = logging.getLogger(__name__)
+
+DATA_INTERVAL_START = "{{ data_interval_start }}"
+DATA_INTERVAL_END = "{{ data_interval_end }}"
+
+
+def ledger_for(postgres_conn_id: str) -> Ledger:
+    """The ledger in the target database, migrated to this version's schema."""
+    ledger = Ledger(EosPostgresHook(postgres_conn_id=postgres_conn_id).ledger_url)
+    ledger.migrate()
+    return ledger
+
+
+def plan_or_none(
+    *,
+    pipeline: str,
+    topics: Sequence[str],
+    window_start: str,
+    window_end: str,
+    idle_partition_grace_seconds: float,
+    kafka_conn_id: str,
+    postgres_conn_id: str,
+) -> WindowPlan | None:
+    """The window's frozen plan, or None while the window is not closed."""
+    request = PlanRequest(Window(pipeline, window_start, window_end), tuple(topics),
+                          timedelta(seconds=idle_partition_grace_seconds))
+    with KafkaLog(EosKafkaHook(kafka_config_id=kafka_conn_id).kafka_config) as kafka_log:
+        try:
+            return plan_window(ledger_for(postgres_conn_id), kafka_log, request)
+        except WindowNotClosed as exc:
+            log.info("%s", exc)
+            return None
+
+
+class EosPlanWindowOperator(BaseSensorOperator):
+    """Resolve and freeze the window's cuts; push the plan to XCom.
+
+    Waits while the window is not closed (a partition has not passed the window's
+    end): by deferring to a trigger (``deferrable=True``, no worker slot held),
+    or by poking/rescheduling like any sensor. Re-running returns the frozen plan.
+
+    :param pipeline: stable id of the pipeline; owns its cuts, windows and offsets
+    :param topics: source topics
+    :param window_start: start of the window (templated; default the data interval start)
+    :param window_end: end of the window (templated; default the data interval end)
+    :param idle_partition_grace: how long after the window's end a partition with
+        no newer record may stay silent before its cut is frozen at its end of log
+    """
+
+    template_fields: Sequence[str] = ("pipeline", "topics", "window_start", "window_end")
+    ui_color = "#e8f4ff"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        topics: Sequence[str],
+        kafka_conn_id: str = "kafka_default",
+        postgres_conn_id: str = "postgres_default",
+        window_start: str = DATA_INTERVAL_START,
+        window_end: str = DATA_INTERVAL_END,
+        idle_partition_grace: timedelta = timedelta(minutes=5),
+        deferrable: bool = False,
+        poke_interval: float = 60,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        if isinstance(topics, str):
+            raise ValueError(f"topics must be a list of topic names, not the string {topics!r}")
+        if not topics:
+            raise ValueError("topics must not be empty")
+        self.pipeline = pipeline
+        self.topics = list(topics)
+        self.kafka_conn_id = kafka_conn_id
+        self.postgres_conn_id = postgres_conn_id
+        self.window_start = window_start
+        self.window_end = window_end
+        self.idle_partition_grace = idle_partition_grace
+        self.deferrable = deferrable
+
+    @cached_property
+    def _plan_kwargs(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline,
+            "topics": list(self.topics),
+            "window_start": str(self.window_start),
+            "window_end": str(self.window_end),
+            "idle_partition_grace_seconds": self.idle_partition_grace.total_seconds(),
+            "kafka_conn_id": self.kafka_conn_id,
+            "postgres_conn_id": self.postgres_conn_id,
+        }
+
+    def poke(self, context) -> PokeReturnValue:
+        plan = plan_or_none(**self._plan_kwargs)
+        if plan is None:
+            return PokeReturnValue(is_done=False)
+        self._log_plan(plan)
+        return PokeReturnValue(is_done=True, xcom_value=plan.to_dict())
+
+    def execute(self, context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        plan = plan_or_none(**self._plan_kwargs)
+        if plan is not None:
+            self._log_plan(plan)
+            return plan.to_dict()
+        self.defer(
+            trigger=WindowClosedTrigger(poll_interval=self.poke_interval, **self._plan_kwargs),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+        )
+
+    def execute_complete(self, context, event: dict[str, Any]) -> dict:
+        if event.get("status") != "done":
+            raise AirflowException(f"planning failed: {event.get('error')}: {event.get('message')}")
+        plan = WindowPlan.from_dict(event["plan"])
+        self._log_plan(plan)
+        return plan.to_dict()
+
+    def _log_plan(self, plan: WindowPlan) -> None:
+        self.log.info("window %s planned: %d partition range(s), at most %d records",
+                      plan.window, len(plan.ranges), plan.max_records)
+        for r in plan.ranges:
+            self.log.info("  %s [%d, %d)", r.tp, r.start_offset, r.end_offset)
+
+
+class EosSparkStageOperator(SparkSubmitOperator):
+    """Open a new attempt of the window (fencing every older one) and run the
+    PySpark stage job for it through ``spark-submit``: read exactly the planned
+    ranges, apply the transform, stage the rows, write the checkpoint.
+
+    Everything else is the Spark provider's SparkSubmitOperator: ``conn_id``
+    (a ``spark`` connection) chooses local mode or a cluster; ``conf``,
+    ``executor_memory``, ... pass through. Returns the attempt (XCom) for the
+    checkpoint sensor and the commit.
+
+    :param plan: the plan task's XCom (templated)
+    :param source: the window's KafkaSource
+    :param target: the window's PostgresTarget
+    :param transform: ``"module:function"``, DataFrame -> DataFrame, run in Spark
+        (None: the records as read, for targets shaped like the Kafka schema)
+    :param max_records_per_task: Kafka ranges wider than this are split over tasks
+    :param max_bad_records: records the transform may reject into the dead-letter
+        table before the window fails
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "plan", "transform")
+    ui_color = "#fde9e4"
+
+    def __init__(
+        self,
+        *,
+        plan: Any,
+        source: KafkaSource,
+        target: PostgresTarget,
+        transform: str | None = None,
+        max_records_per_task: int = 1_000_000,
+        max_bad_records: int = 0,
+        conn_id: str = "spark_default",
+        name: str = "airflow-eos-stage",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(application=stage_job_path(), conn_id=conn_id, name=name, **kwargs)
+        if not isinstance(source, KafkaSource):
+            raise TypeError(f"source must be a KafkaSource, not {type(source).__name__}")
+        if not isinstance(target, PostgresTarget):
+            raise TypeError(f"target must be a PostgresTarget, not {type(target).__name__}")
+        if transform is not None and ":" not in transform:
+            raise ValueError(f"transform must be 'module:function', got {transform!r}")
+        if max_records_per_task < 1 or max_bad_records < 0:
+            raise ValueError("max_records_per_task must be >= 1 and max_bad_records >= 0")
+        self.plan = plan
+        self.source = source
+        self.target = target
+        self.transform = transform
+        self.max_records_per_task = max_records_per_task
+        self.max_bad_records = max_bad_records
+
+    def execute(self, context) -> dict:
+        plan = WindowPlan.from_dict(self.plan)
+        target = resolve_target(self.target)
+        attempt = target.begin(plan.window)
+        self.log.info("%s opened (epoch %d fences every older attempt); staging %s",
+                      attempt, attempt.epoch, attempt.staging)
+        kafka_config = {**EosKafkaHook(kafka_config_id=self.source.kafka_conn_id).kafka_config,
+                        **self.source.reader_config}
+        self.application_args = [
+            "--plan", plan.to_json(),
+            "--attempt", json.dumps(attempt.to_dict()),
+            "--max-records-per-task", str(self.max_records_per_task),
+            "--max-bad-records", str(self.max_bad_records),
+            *(["--transform", self.transform] if self.transform else []),
+        ]
+        # Secrets travel in the environment of spark-submit, never on its command line.
+        hook = self._get_hook()
+        local = str(hook._connection["master"]).startswith("local")
+        self.env_vars = {**(self.env_vars or {}), **stage_job_environment(target, kafka_config, local=local)}
+        started = time.monotonic()
+        super().execute(context)
+        self.log.info("%s: stage job finished in %.1fs", attempt, time.monotonic() - started)
+        return attempt.to_dict()
+
+
+class EosCommitOperator(BaseOperator):
+    """Publish the prepared attempt and advance the pipeline's offsets, in one
+    PostgreSQL transaction. Idempotent: a retry after success does nothing and
+    says so. A window committed before is skipped or replaced, as the target's
+    ``on_committed`` says.
+
+    :param target: the window's PostgresTarget
+    :param attempt: the stage task's attempt (its XCom; templated)
+    :param mirror_group_id: if set, also commit the pipeline's offsets to this
+        Kafka consumer group after the transaction, for lag tools; the ledger
+        stays the source of truth
+    :param kafka_conn_id: the connection of the group to mirror to
+    """
+
+    template_fields: Sequence[str] = ("attempt",)
+    ui_color = "#e6f5e6"
+
+    def __init__(
+        self,
+        *,
+        target: PostgresTarget,
+        attempt: Any,
+        mirror_group_id: str | None = None,
+        kafka_conn_id: str = "kafka_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(target, PostgresTarget):
+            raise TypeError(f"target must be a PostgresTarget, not {type(target).__name__}")
+        self.target = target
+        self.attempt = attempt
+        self.mirror_group_id = mirror_group_id
+        self.kafka_conn_id = kafka_conn_id
+
+    def execute(self, context) -> dict:
+        attempt = Attempt.from_dict(self.attempt)
+        result = resolve_target(self.target).commit(attempt)
+        self.log.info("%s", result)
+        if self.mirror_group_id and result.offsets:
+            mirror_offsets(EosKafkaHook(kafka_config_id=self.kafka_conn_id).kafka_config,
+                           self.mirror_group_id, result.offsets)
+            self.log.info("offsets mirrored to consumer group %r", self.mirror_group_id)
+        summary = {
+            "pipeline": attempt.pipeline,
+            "window_start": attempt.window_start.isoformat(),
+            "window_end": attempt.window_end.isoformat(),
+            "epoch": attempt.epoch,
+            "outcome": result.outcome,
+            "committed_epoch": result.committed_epoch,
+            "published_rows": result.published_rows,
+            "dead_letter_rows": result.dead_letter_rows,
+        }
+        for asset in self.outlets:
+            context["outlet_events"][asset].extra = summary
+        return summary
+
+
+class EosAbortOperator(BaseOperator):
+    """Abort the window's live attempts: mark them aborted and drop their
+    staging. The window stays planned and can be run again.
+
+    Used as the teardown of the window's task group: it runs whether the window
+    failed or not (after a successful commit it finds nothing live, or only a
+    zombie attempt, which it aborts), and being a teardown it does not hide a
+    failure: the DAG run still ends failed.
+    """
+
+    template_fields: Sequence[str] = ("pipeline", "window_start", "window_end")
+    ui_color = "#f4e6e6"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        target: PostgresTarget,
+        window_start: str = DATA_INTERVAL_START,
+        window_end: str = DATA_INTERVAL_END,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(target, PostgresTarget):
+            raise TypeError(f"target must be a PostgresTarget, not {type(target).__name__}")
+        self.pipeline = pipeline
+        self.target = target
+        self.window_start = window_start
+        self.window_end = window_end
+
+    def execute(self, context) -> list[int]:
+        window = Window(self.pipeline, str(self.window_start), str(self.window_end))
+        reason = f"aborted by {self.task_id} of run {context['run_id']}"
+        aborted = resolve_target(self.target).abort_window(window, reason)
+        if aborted:
+            self.log.info("window %s: aborted attempt(s) %s and dropped their staging",
+                          window, ", ".join(str(a.epoch) for a in aborted))
+        else:
+            self.log.info("window %s: no live attempt to abort", window)
+        return [a.epoch for a in aborted]
+
+
+def mirror_offsets(kafka_config: dict, group_id: str, offsets) -> None:
+    """Commit the pipeline's offsets to a consumer group so lag tools see them."""
+    consumer = Consumer({**kafka_config, "group.id": group_id, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
+                        asynchronous=False)
+    finally:
+        consumer.close()

@@ -1,0 +1,105 @@
+"""``exactly_once_window``: one window of a pipeline as an Airflow task group.
+
+    plan ──► stage ──► await_checkpoint ──► commit
+      └──────────── abort (teardown) ◄────────┘
+
+The window is the run's data interval. ``abort`` is the group's teardown with
+``plan`` as its setup: it runs after the others whatever their outcome, aborts
+whatever attempt is still live (after a failure: the failed one; after success:
+only zombies), and, being a teardown, leaves the DAG run failed when the window
+failed. Clearing the group (the UI's rerun) re-plans (the frozen plan comes
+back), stages a new attempt that fences any zombie, and commits exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import Asset, TaskGroup
+from airflow_eos.core.errors import ConfigurationError
+from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.core.source import KafkaSource
+from airflow_eos.operators.eos import (
+    EosAbortOperator,
+    EosCommitOperator,
+    EosPlanWindowOperator,
+    EosSparkStageOperator,
+)
+from airflow_eos.sensors.eos import EosCheckpointSensor
+
+
+def target_asset(pipeline: str, target: PostgresTarget) -> Asset:
+    """The Asset a window's commit updates: the target table, as fed by this pipeline."""
+    return Asset(name=f"eos:{pipeline}:{target.table}",
+                 uri=f"eos://{target.postgres_conn_id}/{target.table}?pipeline={pipeline}")
+
+
+def exactly_once_window(
+    *,
+    pipeline: str,
+    source: KafkaSource,
+    target: PostgresTarget,
+    transform: str | None = None,
+    spark_conn_id: str = "spark_default",
+    idle_partition_grace: timedelta = timedelta(minutes=5),
+    max_records_per_task: int = 1_000_000,
+    max_bad_records: int = 0,
+    deferrable: bool = False,
+    mirror_group_id: str | None = None,
+    group_id: str = "window",
+    spark_conf: dict[str, Any] | None = None,
+    stage_kwargs: dict[str, Any] | None = None,
+    plan_timeout: timedelta = timedelta(hours=6),
+    checkpoint_timeout: timedelta = timedelta(hours=1),
+) -> TaskGroup:
+    """The five tasks of one exactly-once window, for the run's data interval.
+
+    :param pipeline: stable id; owns the cuts, windows and offsets in the ledger
+    :param source: KafkaSource(topics=[...], kafka_conn_id=...)
+    :param target: PostgresTarget(table=..., postgres_conn_id=..., mode=..., on_committed=...)
+    :param transform: ``"module:function"`` (DataFrame -> DataFrame) run in Spark
+    :param spark_conn_id: a ``spark`` connection: local mode or a cluster
+    :param idle_partition_grace: how long a silent partition may hold the window open
+    :param max_records_per_task: Kafka ranges wider than this are split over Spark tasks
+    :param max_bad_records: records rejected into the dead-letter table before the window fails
+    :param deferrable: plan and await_checkpoint wait in the triggerer, not a worker slot
+    :param mirror_group_id: also commit offsets to this Kafka consumer group (for lag tools)
+    :param stage_kwargs: more SparkSubmitOperator arguments for the stage task
+    """
+    if not isinstance(source, KafkaSource):
+        raise ConfigurationError(f"source must be a KafkaSource, not {type(source).__name__}")
+    if not isinstance(target, PostgresTarget):
+        raise ConfigurationError(f"target must be a PostgresTarget, not {type(target).__name__}")
+    if target.url:
+        raise ConfigurationError("in a DAG, name the target database with postgres_conn_id, not a URL: "
+                                 "a URL would put its password into the DAG and the task logs")
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", pipeline or ""):
+        raise ConfigurationError(f"pipeline id {pipeline!r} must be letters, digits, '_', '.' or '-'")
+    wait = {"deferrable": deferrable}
+    if not deferrable:
+        wait["mode"] = "reschedule"
+
+    with TaskGroup(group_id=group_id, tooltip=f"exactly-once window of {pipeline}") as group:
+        plan = EosPlanWindowOperator(
+            task_id="plan", pipeline=pipeline, topics=list(source.topics),
+            kafka_conn_id=source.kafka_conn_id, postgres_conn_id=target.postgres_conn_id,
+            idle_partition_grace=idle_partition_grace, timeout=plan_timeout.total_seconds(), **wait,
+        )
+        stage = EosSparkStageOperator(
+            task_id="stage", plan=plan.output, source=source, target=target, transform=transform,
+            max_records_per_task=max_records_per_task, max_bad_records=max_bad_records,
+            conn_id=spark_conn_id, conf=spark_conf, **(stage_kwargs or {}),
+        )
+        await_checkpoint = EosCheckpointSensor(
+            task_id="await_checkpoint", target=target, attempt=stage.output,
+            timeout=checkpoint_timeout.total_seconds(), poke_interval=5, **wait,
+        )
+        commit = EosCommitOperator(
+            task_id="commit", target=target, attempt=stage.output, mirror_group_id=mirror_group_id,
+            kafka_conn_id=source.kafka_conn_id, outlets=[target_asset(pipeline, target)],
+        )
+        abort = EosAbortOperator(task_id="abort", pipeline=pipeline, target=target)
+        plan >> stage >> await_checkpoint >> commit >> abort.as_teardown(setups=plan)
+    return group

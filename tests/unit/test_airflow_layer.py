@@ -1,0 +1,124 @@
+"""The Airflow shell: task group shape, validation at construction, templating,
+trigger serialisation, hooks. Pure construction; the e2e tests run it for real."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from datetime import datetime, timezone
+
+import pytest
+
+from airflow.sdk import DAG
+from airflow.timetables.interval import CronDataIntervalTimetable
+from airflow_eos import KafkaSource, PostgresTarget, exactly_once_window
+from airflow_eos.core.errors import ConfigurationError
+from airflow_eos.operators.eos import EosPlanWindowOperator, EosSparkStageOperator
+from airflow_eos.triggers.eos import CheckpointTrigger, WindowClosedTrigger
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+SOURCE = KafkaSource(topics=["orders"])
+TARGET = PostgresTarget(table="analytics.orders")
+
+
+def make_dag(**kwargs):
+    with DAG("d", schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"), start_date=T0) as dag:
+        group = exactly_once_window(pipeline="orders_hourly", source=SOURCE, target=TARGET,
+                                    transform="pkg.mod:fn", **kwargs)
+    return dag, group
+
+
+def test_task_group_has_the_five_steps_in_order_with_abort_as_teardown():
+    dag, group = make_dag()
+    ids = {t.task_id.split(".")[-1]: t for t in dag.tasks}
+    assert set(ids) == {"plan", "stage", "await_checkpoint", "commit", "abort"}
+    assert ids["stage"].upstream_task_ids == {"window.plan"}
+    assert ids["await_checkpoint"].upstream_task_ids == {"window.stage"}
+    assert ids["commit"].upstream_task_ids == {"window.await_checkpoint", "window.stage"}
+    abort = ids["abort"]
+    assert abort.is_teardown and ids["plan"].is_setup
+    assert "window.commit" in abort.upstream_task_ids
+    [asset] = ids["commit"].outlets
+    assert asset.name == "eos:orders_hourly:analytics.orders"
+
+
+def test_window_comes_from_the_data_interval_and_fields_are_templated():
+    dag, _ = make_dag()
+    plan = dag.get_task("window.plan")
+    assert plan.window_start == "{{ data_interval_start }}" and plan.window_end == "{{ data_interval_end }}"
+    assert {"pipeline", "topics", "window_start", "window_end"} <= set(plan.template_fields)
+    stage = dag.get_task("window.stage")
+    assert {"plan", "transform", "application_args", "env_vars"} <= set(stage.template_fields)
+    assert stage.application.endswith("airflow_eos/spark/job.py")
+
+
+def test_waiting_steps_defer_or_reschedule():
+    dag, _ = make_dag(deferrable=True)
+    assert dag.get_task("window.plan").deferrable and dag.get_task("window.await_checkpoint").deferrable
+    dag, _ = make_dag()
+    assert dag.get_task("window.plan").mode == "reschedule"
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"target": PostgresTarget("postgresql://u:pw@h/db", "t")}, "postgres_conn_id, not a URL"),
+    ({"pipeline": "bad pipeline; drop"}, "pipeline id"),
+    ({"source": "orders"}, "KafkaSource"),
+])
+def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs, error):
+    args = {"pipeline": "p", "source": SOURCE, "target": TARGET, **kwargs}
+    with DAG("d2", schedule=None, start_date=T0):
+        with pytest.raises(ConfigurationError, match=error):
+            exactly_once_window(**args)
+
+
+def test_operators_validate_their_arguments():
+    with DAG("d3", schedule=None, start_date=T0):
+        with pytest.raises(ValueError, match="not the string"):
+            EosPlanWindowOperator(task_id="p", pipeline="p", topics="orders")
+        with pytest.raises(ValueError, match="module:function"):
+            EosSparkStageOperator(task_id="s", plan={}, source=SOURCE, target=TARGET, transform="nocolon")
+    with pytest.raises(ConfigurationError, match="empty"):
+        KafkaSource(topics=[])
+    with pytest.raises(ConfigurationError, match="table"):
+        PostgresTarget(table="")
+
+
+@pytest.mark.parametrize("trigger", [
+    WindowClosedTrigger(poll_interval=5, pipeline="p", topics=["a"], window_start="2026-01-01T00:00:00+00:00",
+                        window_end="2026-01-01T01:00:00+00:00", idle_partition_grace_seconds=300,
+                        kafka_conn_id="kafka_default", postgres_conn_id="postgres_default"),
+    CheckpointTrigger(poll_interval=5, target={"url": None, "table": "t", "postgres_conn_id": "pg"},
+                      attempt={"pipeline": "p", "epoch": 1}),
+])
+def test_triggers_serialise_to_plain_values_and_back(trigger):
+    classpath, kwargs = trigger.serialize()
+    json.dumps(kwargs)  # stored in the metadata DB as JSON
+    module, _, name = classpath.rpartition(".")
+    again = getattr(importlib.import_module(module), name)(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+
+
+def test_postgres_hook_turns_a_connection_into_a_libpq_url(monkeypatch):
+    from airflow_eos.hooks.eos import EosKafkaHook, EosPostgresHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_PG_T", json.dumps({
+        "conn_type": "postgres", "host": "127.0.0.1", "port": 5499, "login": "u", "password": "p w'x",
+        "schema": "db", "extra": {"sslmode": "disable", "cursor": "dictcursor"}}))
+    import psycopg.conninfo as ci
+
+    parsed = ci.conninfo_to_dict(EosPostgresHook(postgres_conn_id="pg_t").ledger_url)
+    assert parsed == {"host": "127.0.0.1", "port": "5499", "user": "u", "password": "p w'x", "dbname": "db",
+                      "sslmode": "disable"}
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_T", json.dumps({"conn_type": "kafka",
+                                                           "extra": {"bootstrap.servers": "127.0.0.1:1"}}))
+    assert EosKafkaHook(kafka_config_id="kafka_t").kafka_config == {"bootstrap.servers": "127.0.0.1:1"}
+
+
+def test_importing_the_package_does_not_import_airflow():
+    """Spark workers import airflow_eos; they must not pay for (or need) Airflow."""
+    import subprocess
+
+    code = "import sys, airflow_eos, airflow_eos.core.plan; print('airflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
