@@ -30,6 +30,7 @@ from airflow_eos.core.errors import (
     WindowConflict,
     WindowNotClosed,
 )
+from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import CutContext, Ledger
 from airflow_eos.core.source import Bounds, PartitionLog, normalise_topics
 from airflow_eos.core.windows import (
@@ -226,6 +227,7 @@ def plan_window(
                     continue
                 check_readable(plan, bounds)
                 ledger.freeze(conn, plan, [c for c in cuts.values() if c.how != "frozen"])
+            fault_point("plan.after_freeze")
             log.info("window %s: plan frozen in %.2fs: %s", window, time.monotonic() - started,
                      ", ".join(f"{r.tp} [{r.start_offset}, {r.end_offset})" for r in plan.ranges))
             return plan

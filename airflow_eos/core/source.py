@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 # safety ones, which the protocol depends on.
 _DEFAULTS = {
     "fetch.wait.max.ms": 10,
+    # librdkafka's default (1 s) idles a reader after it drains its prefetch
+    # queue: measured ~200k -> ~850k records/s for one consumer with 10 ms.
+    "fetch.queue.backoff.ms": 10,
     "socket.timeout.ms": 10_000,
 }
 _FORCED = {

@@ -1,0 +1,95 @@
+"""Named fault points, for proving the guarantee under failure.
+
+The protocol calls ``fault_point("commit.after_publish")`` at the places where a
+crash would hurt most. Nothing happens unless the environment variable
+``EOS_FAULTS`` names that point; when unset, a call is one dict lookup.
+
+    EOS_FAULTS="commit.after_publish=crash"          # every time
+    EOS_FAULTS="stage.mid_write=raise*1,plan.after_freeze=raise"
+
+Actions: ``raise`` raises FaultInjected (an ordinary failure: Airflow retries it,
+Spark aborts the job), ``crash`` ends the process at once with exit code 137, as
+SIGKILL or an OOM kill would: no ``finally``, no rollback, no abort. ``*N`` fires
+the first N times only, counted across processes in the directory named by
+``EOS_FAULTS_STATE`` (required with ``*N``), so "fail the first try, succeed on
+the retry" works across Airflow tasks and Spark workers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from airflow_eos.core.errors import ConfigurationError, EosError
+
+ENV = "EOS_FAULTS"
+STATE_ENV = "EOS_FAULTS_STATE"
+
+POINTS = frozenset({
+    "plan.after_freeze",  # cuts and plan frozen, plan task not finished
+    "stage.mid_write",  # a Spark task has COPYed part of its rows, not committed them
+    "stage.before_checkpoint",  # every task staged; the job commit has not written the checkpoint
+    "checkpoint.before_prepare",  # checkpoint durable; the sensor has not marked the attempt prepared
+    "commit.before_publish",  # commit transaction open, window locked, nothing published
+    "commit.after_publish",  # rows published inside the open transaction, not committed
+    "commit.after_commit",  # transaction committed; offsets not mirrored, Asset event not emitted
+    "abort.inside",  # abort marked the attempt aborted, staging not dropped yet
+})
+
+
+class FaultInjected(EosError):
+    """A failure injected on purpose at a named fault point."""
+
+
+def _parse(spec: str) -> dict[str, tuple[str, int | None]]:
+    faults = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        point, _, action = item.partition("=")
+        action, _, times = action.partition("*")
+        if point not in POINTS:
+            raise ConfigurationError(f"{ENV}: unknown fault point {point!r}; known: {', '.join(sorted(POINTS))}")
+        if action not in ("raise", "crash"):
+            raise ConfigurationError(f"{ENV}: action of {point} must be 'raise' or 'crash', not {action!r}")
+        if times and not os.environ.get(STATE_ENV):
+            raise ConfigurationError(f"{ENV}: '{item}' counts firings; set {STATE_ENV} to a directory")
+        faults[point] = (action, int(times) if times else None)
+    return faults
+
+
+_cache: tuple[str, dict] = ("", {})
+
+
+def fault_point(point: str) -> None:
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    global _cache
+    if _cache[0] != spec:
+        _cache = (spec, _parse(spec))
+    fault = _cache[1].get(point)
+    if fault is None:
+        return
+    action, times = fault
+    if times is not None and not _claim(point, times):
+        return
+    if action == "crash":
+        sys.stderr.write(f"airflow-eos: fault injected at {point}: crashing\n")
+        sys.stderr.flush()
+        os._exit(137)
+    raise FaultInjected(f"fault injected at {point}")
+
+
+def _claim(point: str, times: int) -> bool:
+    """Take one of the ``times`` firings of ``point``; False once all are taken.
+    O_EXCL file creation makes this atomic across processes."""
+    state = Path(os.environ[STATE_ENV])
+    state.mkdir(parents=True, exist_ok=True)
+    for n in range(times):
+        try:
+            fd = os.open(state / f"{point}.{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return True
+    return False

@@ -1,0 +1,1 @@
+"""The example pipelines of dags/ and the demo: transforms and target tables."""
