@@ -1,0 +1,340 @@
+"""``airflow-eos``: look at a pipeline's ledger, audit it against Kafka, sweep zombies.
+
+Runs without Airflow (no connection database): the target database is given by
+``--postgres-url`` (or EOS_POSTGRES_URL), Kafka by ``--kafka-bootstrap`` (or
+EOS_KAFKA_BOOTSTRAP) and/or ``--kafka-config`` (a JSON object of librdkafka
+settings). Exit codes: 0 success, 1 verify found violations, 2 usage or
+connection errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any, TextIO
+
+import psycopg
+from confluent_kafka import KafkaException
+
+from airflow_eos.core import attempt as attempts
+from airflow_eos.core.errors import EosError
+from airflow_eos.core.ledger import Ledger, redact
+from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.core.source import KafkaLog
+from airflow_eos.core.verify import VerifyReport, verify
+from airflow_eos.core.windows import TopicPartition
+
+PROG = "airflow-eos"
+OK, VIOLATIONS, USAGE = 0, 1, 2
+ATTEMPT_STATES = (attempts.OPEN, attempts.CHECKPOINTED, attempts.PREPARED, attempts.COMMITTED, attempts.ABORTED)
+
+
+class UsageError(Exception):
+    """A problem with what was asked; reported on stderr, exit code 2."""
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def parse_duration(text: str) -> timedelta:
+    """``45s``, ``30m``, ``2h``, ``1d``, or a sum like ``1h30m``."""
+    parts = re.findall(r"(\d+)([smhd])", text.strip())
+    if not parts or "".join(n + u for n, u in parts) != text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30m, 2h or 1h30m")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+    duration = sum((timedelta(**{unit[u]: int(n)}) for n, u in parts), timedelta())
+    if duration <= timedelta(0):
+        raise argparse.ArgumentTypeError("the duration must be positive")
+    return duration
+
+
+def _connection_options(*, kafka: bool) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", help="log what the core does (to stderr)")
+    group = common.add_argument_group("connections")
+    group.add_argument("--postgres-url", default=os.environ.get("EOS_POSTGRES_URL"), metavar="URL",
+                       help="libpq URL or conninfo of the target database, which holds the ledger (schema eos); "
+                            "default: $EOS_POSTGRES_URL")
+    if not kafka:
+        return common
+    group.add_argument("--kafka-bootstrap", default=os.environ.get("EOS_KAFKA_BOOTSTRAP"), metavar="HOST:PORT",
+                       help="Kafka bootstrap servers; default: $EOS_KAFKA_BOOTSTRAP")
+    group.add_argument("--kafka-config", metavar="JSON",
+                       help='librdkafka settings as a JSON object, e.g. \'{"security.protocol": "SSL"}\'; '
+                            "--kafka-bootstrap overrides its bootstrap.servers")
+    group.add_argument("--kafka-timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="give up when Kafka does not answer for this long (default: %(default)s)")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    with_kafka, postgres_only = _connection_options(kafka=True), _connection_options(kafka=False)
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Exactly-once batch windows over Kafka: inspect a pipeline's ledger, prove what it "
+                    "published against Kafka, and abort attempts nobody finished.",
+        epilog="Exit codes: 0 ok, 1 verify found violations, 2 usage or connection error.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    status = sub.add_parser(
+        "status", parents=[with_kafka], help="windows, attempts and offsets of a pipeline",
+        description="Show a pipeline's windows (state, epoch, attempts per state, published rows, dead letters, "
+                    "commit time) and its committed partition offsets. With Kafka, also each partition's end "
+                    "of log (read from the log, not the reported high watermark) and the lag behind it.")
+    status.add_argument("--pipeline", required=True, help="the pipeline id")
+    status.add_argument("--limit", type=int, default=50, metavar="N",
+                        help="show the latest N windows (default: %(default)s; 0 shows all)")
+    status.set_defaults(run=cmd_status)
+
+    check = sub.add_parser(
+        "verify", parents=[with_kafka], help="prove a pipeline's target against Kafka",
+        description="Read every committed window's planned ranges from Kafka and prove each record is published "
+                    "exactly once in the target (through the lineage columns eos_topic, eos_partition, "
+                    "eos_offset) or is a dead letter of the window; no row without a record; row counts and "
+                    "partition offsets as the ledger says. A target without lineage columns is checked per "
+                    "window by counts. Exit code 1 on any violation.")
+    check.add_argument("--pipeline", required=True, help="the pipeline id")
+    check.add_argument("--table", required=True, metavar="TABLE",
+                       help="the target table, table or schema.table (quote parts as in SQL)")
+    check.add_argument("--count-column", metavar="COLUMN",
+                       help="aggregate targets: a column whose per-window sum plus dead letters must equal the "
+                            "window's records in Kafka")
+    check.add_argument("--max-examples", type=int, default=20, metavar="N",
+                       help="list at most N violations of each kind per window (default: %(default)s); "
+                            "counts stay exact")
+    check.add_argument("--limit", type=int, default=50, metavar="N",
+                       help="show at most N clean windows in the table, the latest (default: %(default)s; "
+                            "0 shows all); windows with violations are always shown")
+    check.set_defaults(run=cmd_verify)
+
+    sweep = sub.add_parser(
+        "sweep", parents=[postgres_only], help="abort attempts left open too long (zombies)",
+        description="Abort every attempt still open, checkpointed or prepared that was opened longer ago than "
+                    "--older-than, and drop its staging. Its window stays planned and can run again. The "
+                    "duration must exceed the longest stage-to-commit time of a healthy run.")
+    sweep.add_argument("--older-than", required=True, type=parse_duration, metavar="DURATION",
+                       help="e.g. 30m, 2h, 1d or 1h30m")
+    sweep.add_argument("--table", metavar="TABLE",
+                       help="the target table the attempts stage for (aborting only drops their staging; "
+                            "the table itself is never touched)")
+    sweep.add_argument("--dry-run", action="store_true", help="list what would be aborted, abort nothing")
+    sweep.set_defaults(run=cmd_sweep)
+    return parser
+
+
+def _postgres_url(args) -> str:
+    if not args.postgres_url:
+        raise UsageError("no database given: pass --postgres-url or set EOS_POSTGRES_URL")
+    return args.postgres_url
+
+
+def _kafka_config(args, *, required: bool) -> dict[str, Any] | None:
+    config: dict[str, Any] = {}
+    if args.kafka_config:
+        try:
+            config = json.loads(args.kafka_config)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--kafka-config is not valid JSON: {exc}") from exc
+        if not isinstance(config, dict):
+            raise UsageError("--kafka-config must be a JSON object of librdkafka settings")
+    if args.kafka_bootstrap:
+        config["bootstrap.servers"] = args.kafka_bootstrap
+    if not config.get("bootstrap.servers"):
+        if required:
+            raise UsageError("no Kafka given: pass --kafka-bootstrap, --kafka-config or set EOS_KAFKA_BOOTSTRAP")
+        return None
+    return config
+
+
+# --------------------------------------------------------------------------- output
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Aligned plain text: numbers to the right, everything else to the left;
+    None prints as '-'."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    numeric = [all(isinstance(row[i], int | float) or row[i] is None for row in rows) and
+               any(isinstance(row[i], int | float) for row in rows) for i in range(len(headers))]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+
+    def line(values):
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return _when(value)
+    return str(value)
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+# --------------------------------------------------------------------------- status
+
+
+def cmd_status(args, out: TextIO) -> int:
+    ledger = Ledger(_postgres_url(args))
+    kafka = _kafka_config(args, required=False)
+    with ledger.connect() as conn, conn.transaction():
+        if conn.execute("SELECT to_regclass('eos.windows') IS NULL").fetchone()[0]:
+            raise UsageError(f"no airflow-eos ledger in {redact(ledger.url)}: schema eos is missing")
+        windows = conn.execute(
+            "SELECT window_start, window_end, state, epoch, published_rows, dead_letter_rows, committed_at"
+            " FROM eos.windows WHERE pipeline = %s ORDER BY window_start", (args.pipeline,)).fetchall()
+        if not windows:
+            known = [r[0] for r in conn.execute("SELECT DISTINCT pipeline FROM eos.windows ORDER BY 1 LIMIT 20")]
+            raise UsageError(f"pipeline {args.pipeline!r} has no windows in {redact(ledger.url)}"
+                             + (f"; it knows: {', '.join(known)}" if known else ""))
+        counts: dict[datetime, dict[str, int]] = {}
+        for ws, state, n in conn.execute(
+                "SELECT window_start, state, count(*) FROM eos.attempts WHERE pipeline = %s GROUP BY 1, 2",
+                (args.pipeline,)):
+            counts.setdefault(ws, {})[state] = n
+        offsets = attempts.load_offsets(conn, args.pipeline)
+        planned = {TopicPartition(t, p) for t, p in conn.execute(
+            "SELECT DISTINCT topic, partition FROM eos.window_ranges WHERE pipeline = %s", (args.pipeline,))}
+
+    by_state: dict[str, int] = {}
+    for w in windows:
+        by_state[w[2]] = by_state.get(w[2], 0) + 1
+    shown = windows[-args.limit:] if args.limit > 0 else windows
+    print(f"pipeline {args.pipeline}: {len(windows)} window(s), "
+          + ", ".join(f"{n} {state}" for state, n in sorted(by_state.items())), file=out)
+    if len(shown) < len(windows):
+        print(f"showing the latest {len(shown)}; --limit 0 shows all", file=out)
+    print(file=out)
+    print(table(
+        ["start (UTC)", "end (UTC)", "state", "epoch", "attempts", "rows", "dead letters", "committed at (UTC)"],
+        [(ws, we, state, epoch, _attempts(counts.get(ws, {})), rows, dead, committed_at)
+         for ws, we, state, epoch, rows, dead, committed_at in shown]), file=out)
+    print(file=out)
+
+    tps = sorted(planned | set(offsets))
+    ends: dict[TopicPartition, int] = {}
+    if kafka is not None:
+        with KafkaLog(kafka, timeout=args.kafka_timeout) as log_:
+            tps = sorted(set(tps) | set(log_.partitions(sorted({tp.topic for tp in tps}))))
+            ends = {tp: log_.bounds(tp).end for tp in tps}
+    headers = ["partition", "committed offset"] + (["end of log", "lag"] if kafka is not None else [])
+    rows = []
+    for tp in tps:
+        row: list[Any] = [str(tp), offsets.get(tp)]
+        if kafka is not None:
+            row += [ends[tp], ends[tp] - offsets[tp] if tp in offsets else None]
+        rows.append(row)
+    print(table(headers, rows) if rows else "no partitions planned yet", file=out)
+    if kafka is None:
+        print("(pass --kafka-bootstrap or --kafka-config to see the end of each log and the lag)", file=out)
+    return OK
+
+
+def _attempts(states: dict[str, int]) -> str:
+    return ", ".join(f"{states[s]} {s}" for s in ATTEMPT_STATES if s in states) or "-"
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def cmd_verify(args, out: TextIO) -> int:
+    ledger = Ledger(_postgres_url(args))
+    kafka = _kafka_config(args, required=True)
+    report = verify(ledger, kafka, args.table, args.pipeline, count_column=args.count_column,
+                    max_examples=args.max_examples, timeout=args.kafka_timeout)
+    print_report(report, out, limit=args.limit)
+    return OK if report.clean else VIOLATIONS
+
+
+def print_report(report: VerifyReport, out: TextIO, *, limit: int = 50) -> None:
+    kind = "record lineage" if report.lineage else "aggregate: counts per window"
+    print(f"verify {report.pipeline} against {report.table} ({kind}) in {report.seconds:.1f}s", file=out)
+    print(file=out)
+    flagged = {x.window_start for x in report.violations}
+    clean = [a for a in report.windows if a.window_start not in flagged]
+    keep = {id(a) for a in (clean[-limit:] if limit > 0 else clean)}
+    shown = [a for a in report.windows if a.window_start in flagged or id(a) in keep]
+    t = report.totals
+    rows = [(a.window_start, a.state, a.kafka_records, a.published_rows, a.dead_letters, a.duplicates, a.missing,
+             a.extra, "VIOLATION" if a.window_start in flagged else "ok" if a.state == "committed" else "-")
+            for a in shown]
+    rows.append(("total", "", t.kafka_records, t.published_rows, t.dead_letters, t.duplicates, t.missing,
+                 t.extra, ""))
+    print(table(["window start (UTC)", "state", "kafka records", "published", "dead letters", "duplicates",
+                 "missing", "extra", "result"], rows), file=out)
+    if len(shown) < len(report.windows):
+        print(f"({len(report.windows) - len(shown)} older clean window(s) not shown; --limit 0 shows all)", file=out)
+    print(file=out)
+    offsets_wrong = sum(x.kind == "offsets" for x in report.violations)
+    print(f"partition offsets: {len(report.expected_offsets)} partition(s) in the contiguous committed prefix, "
+          + ("eos.partition_offsets matches" if not offsets_wrong else f"{offsets_wrong} wrong"), file=out)
+    if report.clean:
+        print(f"CLEAN: every record of {report.committed_windows} committed window(s) "
+              + ("is published exactly once or is a dead letter" if report.lineage else "is counted as the ledger says"),
+              file=out)
+        return
+    print(f"VIOLATIONS: {len(report.violations)}", file=out)
+    for x in report.violations:
+        print(f"  {x.kind:<18} {x.message}", file=out)
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+def cmd_sweep(args, out: TextIO) -> int:
+    url = _postgres_url(args)
+    # Aborting drops an attempt's staging by the attempt's own name and marks it
+    # in the ledger; the target table is never read, so any valid name serves.
+    sink = PostgresTarget(url, args.table or "eos.windows")
+    now = datetime.now(timezone.utc)
+    cutoff = now - args.older_than
+    if args.dry_run:
+        with sink.ledger.connect() as conn, conn.transaction():
+            stale = attempts.live_attempts(conn, opened_before=cutoff)
+        verb = "would abort"
+    else:
+        stale = sink.sweep(args.older_than, now=now)
+        verb = "aborted"
+    if not stale:
+        print(f"nothing to sweep: no live attempt opened before {_when(cutoff)} UTC", file=out)
+        return OK
+    print(f"{verb} {len(stale)} attempt(s) opened before {_when(cutoff)} UTC:", file=out)
+    print(table(["pipeline", "window start (UTC)", "window end (UTC)", "epoch", "staging"],
+                [(a.pipeline, a.window_start, a.window_end, a.epoch, a.staging) for a in stale]), file=out)
+    return OK
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the CLI; returns the exit code (the console script exits with it)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse already printed
+        return exc.code if isinstance(exc.code, int) else USAGE
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=err,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.run(args, out)
+    except (UsageError, EosError, psycopg.Error, KafkaException) as exc:
+        print(f"{PROG} {args.command}: error: {exc}", file=err)
+        return USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The ``airflow-eos`` CLI against real services: in-process through ``main``,
+and once as the installed console script."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from airflow_eos.cli import main, parse_duration
+from airflow_eos.core.source import KafkaLog
+from airflow_eos.core.windows import TopicPartition
+from airflow_eos.testing.services import free_port
+from test_verify import ORDERS_DDL, PIPELINE, build, execute
+
+SCRIPT = Path(sys.executable).parent / "airflow-eos"
+
+
+def run(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def orders(pg_url, ledger):
+    from airflow_eos.core.postgres_target import PostgresTarget
+
+    execute(pg_url, ORDERS_DDL)
+    return PostgresTarget(pg_url, "orders")
+
+
+@pytest.fixture
+def committed(ledger, kafka_config, orders):
+    """Windows 0 and 1 committed, window 2 planned with one aborted and one open attempt."""
+    built = build(ledger, kafka_config, orders, commit=[0, 1])
+    orders.abort(orders.begin(built.plans[2].window), "stage failed")
+    built.open_attempt = orders.begin(built.plans[2].window)
+    return built
+
+
+def lines_with(text, *words):
+    return [line for line in text.splitlines() if all(w in line for w in words)]
+
+
+# --------------------------------------------------------------------------- status
+
+
+def test_status_shows_windows_attempts_offsets_and_lag(pg_url, kafka_config, committed):
+    code, out, err = run("status", "--pipeline", PIPELINE, "--postgres-url", pg_url,
+                         "--kafka-bootstrap", kafka_config["bootstrap.servers"])
+    assert (code, err) == (0, "")
+    assert out.startswith(f"pipeline {PIPELINE}: 3 window(s), 2 committed, 1 planned\n")
+    [w0] = lines_with(out, "2024-01-01 00:00:00  2024-01-01 01:00:00")
+    assert w0.split()[4:8] == ["committed", "1", "1", "committed"] and w0.split()[8:10] == ["6", "0"]
+    [w2] = lines_with(out, "2024-01-01 02:00:00  2024-01-01 03:00:00")
+    assert "planned" in w2 and "1 open, 1 aborted" in w2 and w2.split()[-3:] == ["-", "-", "-"]
+
+    with KafkaLog(kafka_config) as log_:
+        ends = {p: log_.bounds(TopicPartition(committed.topic, p)).end for p in (0, 1)}
+    committed_at = {r.partition: r.end_offset for r in committed.plans[1].ranges}
+    assert lines_with(out, "partition", "committed offset", "end of log", "lag")
+    for p in (0, 1):
+        [row] = lines_with(out, f"{committed.topic}[{p}]")
+        assert row.split() == [f"{committed.topic}[{p}]", str(committed_at[p]), str(ends[p]),
+                               str(ends[p] - committed_at[p])]
+        assert ends[p] - committed_at[p] > 0
+
+
+def test_status_without_kafka_and_with_a_limit(pg_url, committed):
+    code, out, _ = run("status", "--pipeline", PIPELINE, "--postgres-url", pg_url, "--limit", "1")
+    assert code == 0
+    assert "showing the latest 1; --limit 0 shows all" in out
+    assert not lines_with(out, "2024-01-01 00:00:00  2024-01-01 01:00:00")
+    assert lines_with(out, "partition", "committed offset") and not lines_with(out, "lag ")
+    assert "pass --kafka-bootstrap or --kafka-config to see the end of each log and the lag" in out
+
+    code, out, err = run("status", "--pipeline", "nope", "--postgres-url", pg_url)
+    assert (code, out) == (2, "")
+    assert err.startswith("airflow-eos status: error: pipeline 'nope' has no windows") and \
+        err.rstrip().endswith("; it knows: orders_hourly")
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def test_verify_clean_exits_0_and_a_violation_exits_1(pg_url, kafka_config, committed, monkeypatch):
+    monkeypatch.setenv("EOS_POSTGRES_URL", pg_url)
+    monkeypatch.setenv("EOS_KAFKA_BOOTSTRAP", kafka_config["bootstrap.servers"])
+    code, out, err = run("verify", "--pipeline", PIPELINE, "--table", "orders")
+    assert (code, err) == (0, ""), out
+    assert out.startswith(f"verify {PIPELINE} against orders (record lineage) in ")
+    assert "CLEAN: every record of 2 committed window(s) is published exactly once or is a dead letter" in out
+    [total] = lines_with(out, "total")
+    assert total.split() == ["total", "12", "12", "0", "0", "0", "0"]
+    assert "partition offsets: 2 partition(s) in the contiguous committed prefix, eos.partition_offsets matches" \
+        in out
+
+    offset = committed.records(committed.plans[1], 0)[0]
+    execute(pg_url, "DELETE FROM orders WHERE eos_partition = 0 AND eos_offset = %s", (offset,))
+    code, out, _ = run("verify", "--pipeline", PIPELINE, "--table", "orders")
+    assert code == 1
+    [window] = lines_with(out, "2024-01-01 01:00:00", "committed")
+    assert window.split()[-6:] == ["5", "0", "0", "1", "0", "VIOLATION"]
+    assert "VIOLATIONS: 2" in out
+    assert lines_with(out, "missing", f"window 2024-01-01T01:00:00+00:00: {committed.topic}[0] offset {offset} "
+                                      "is in Kafka but neither published nor a dead letter")
+    assert lines_with(out, "count", "the target holds 5 rows, the ledger recorded 6")
+
+
+def test_verify_usage_and_connection_errors_exit_2(pg_url, kafka_config, committed, capsys, monkeypatch):
+    monkeypatch.delenv("EOS_POSTGRES_URL", raising=False)
+    monkeypatch.delenv("EOS_KAFKA_BOOTSTRAP", raising=False)
+    bootstrap = kafka_config["bootstrap.servers"]
+    base = ["verify", "--pipeline", PIPELINE, "--table", "orders"]
+
+    assert main(["verify", "--pipeline", PIPELINE]) == 2  # argparse: --table is required
+    assert "the following arguments are required: --table" in capsys.readouterr().err
+
+    cases = [
+        (base + ["--kafka-bootstrap", bootstrap], "no database given: pass --postgres-url or set EOS_POSTGRES_URL"),
+        (base + ["--postgres-url", pg_url], "no Kafka given: pass --kafka-bootstrap"),
+        (base + ["--postgres-url", pg_url, "--kafka-config", "{not json"], "--kafka-config is not valid JSON"),
+        (base + ["--postgres-url", f"postgresql://postgres:secret@127.0.0.1:{free_port()}/x", "--kafka-bootstrap",
+                 bootstrap], "cannot connect to the ledger database postgresql://postgres:***@127.0.0.1:"),
+        (["verify", "--pipeline", "nope", "--table", "orders", "--postgres-url", pg_url, "--kafka-bootstrap",
+          bootstrap], "pipeline 'nope' has no windows in the ledger at"),
+        (base[:-1] + ["missing", "--postgres-url", pg_url, "--kafka-bootstrap", bootstrap],
+         "target table missing does not exist"),
+    ]
+    for argv, message in cases:
+        code, out, err = run(*argv)
+        assert (code, out) == (2, ""), argv
+        assert err.startswith("airflow-eos verify: error: ") and message in err, err
+        assert "secret" not in err
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+def test_sweep_aborts_stale_attempts_and_dry_run_only_lists(pg_url, committed):
+    stale = committed.open_attempt
+    code, out, _ = run("sweep", "--older-than", "1h", "--postgres-url", pg_url)
+    assert code == 0 and out.startswith("nothing to sweep: no live attempt opened before ")
+
+    execute(pg_url, "UPDATE eos.attempts SET opened_at = now() - interval '3 hours'")
+    code, out, _ = run("sweep", "--older-than", "2h", "--postgres-url", pg_url, "--dry-run")
+    assert code == 0 and out.startswith("would abort 1 attempt(s) opened before ")
+    [row] = lines_with(out, PIPELINE)
+    assert row.split() == [PIPELINE, "2024-01-01", "02:00:00", "2024-01-01", "03:00:00", "2", stale.staging]
+    assert execute(pg_url, "SELECT state FROM eos.attempts WHERE epoch = 2 AND window_start = %s",
+                   (stale.window_start,)) == [("open",)]
+
+    code, out, _ = run("sweep", "--older-than", "1h30m", "--postgres-url", pg_url, "--table", "orders")
+    assert code == 0 and out.startswith("aborted 1 attempt(s) opened before ")
+    assert lines_with(out, PIPELINE, stale.staging)
+    assert execute(pg_url, "SELECT state, reason FROM eos.attempts WHERE epoch = 2 AND window_start = %s",
+                   (stale.window_start,)) == [("aborted", "swept: live for longer than 1:30:00")]
+    assert execute(pg_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'eos_staging'") == [(0,)]
+    assert run("sweep", "--older-than", "1h", "--postgres-url", pg_url)[1].startswith("nothing to sweep")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("45s", timedelta(seconds=45)), ("30m", timedelta(minutes=30)), ("2h", timedelta(hours=2)),
+    ("1d", timedelta(days=1)), ("1h30m", timedelta(hours=1, minutes=30)),
+])
+def test_durations(text, expected):
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "30", "5x", "m30", "0m", "1h 30m", "-5m"])
+def test_bad_durations_are_usage_errors(text, capsys):
+    assert main(["sweep", "--older-than", text, "--postgres-url", "postgresql://unused"]) == 2
+    assert "--older-than" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the installed script
+
+
+def test_console_script_runs_without_airflow(pg_url, kafka_config, committed):
+    env = {"PATH": "/usr/bin:/bin", "EOS_POSTGRES_URL": pg_url}
+    done = subprocess.run([str(SCRIPT), "verify", "--pipeline", PIPELINE, "--table", "orders",
+                           "--kafka-bootstrap", kafka_config["bootstrap.servers"]],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "CLEAN: every record of 2 committed window(s)" in done.stdout
+
+    execute(pg_url, 'UPDATE eos.partition_offsets SET "offset" = 0')
+    done = subprocess.run([str(SCRIPT), "verify", "--pipeline", PIPELINE, "--table", "orders",
+                           "--kafka-bootstrap", kafka_config["bootstrap.servers"]],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1 and "VIOLATIONS: 2" in done.stdout
+
+    done = subprocess.run([sys.executable, "-c", "import sys, airflow_eos.cli, airflow_eos.core.verify;"
+                                                 " print(sorted(m for m in sys.modules if m.split('.')[0] == 'airflow'))"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr
