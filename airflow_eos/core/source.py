@@ -114,7 +114,10 @@ class KafkaLog:
 
     def __init__(self, kafka_config: dict, *, timeout: float = 10.0):
         self.timeout = timeout
-        self._config = consumer_config(kafka_config)
+        # Planning reads single records at scattered offsets: fetch little and
+        # prefetch nothing, or every probe pulls megabytes it then throws away.
+        self._config = consumer_config({"max.partition.fetch.bytes": 64 * 1024, "queued.min.messages": 1,
+                                        **kafka_config})
         try:
             self._consumer = Consumer(self._config)
         except KafkaException as exc:
