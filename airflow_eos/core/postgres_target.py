@@ -387,15 +387,17 @@ class PostgresTarget(Sink):
                     raise NotPrepared(f"cannot commit {attempt}: its staging {attempt.staging} is gone; "
                                       "stage the window again", missing=["staging table"])
                 replaced = self._delete_window(conn, attempt, shape) if replacing else 0
-                params = {"pipeline": attempt.pipeline, "window_start": attempt.window_start,
-                          "epoch": attempt.epoch, "chunks": chunks}
-                published = conn.execute(self._publish_sql(columns, shape, rows_table), params).rowcount
+                # Values go in as literals, not parameters: with parameters psycopg
+                # would read a '%' inside a quoted (hostile) table name as a placeholder.
+                values = {"pipeline": sql.Literal(attempt.pipeline), "window_start": sql.Literal(attempt.window_start),
+                          "epoch": sql.Literal(attempt.epoch), "chunks": sql.Literal(chunks)}
+                published = conn.execute(self._publish_sql(columns, shape, rows_table, values)).rowcount
                 dead = conn.execute(
                     sql.SQL('INSERT INTO eos.dead_letters (pipeline, window_start, epoch, topic, partition, "offset",'
-                            ' error, key, value) SELECT %(pipeline)s, %(window_start)s, %(epoch)s, topic, partition,'
-                            ' "offset", error, key, value FROM {} WHERE {} = ANY(%(chunks)s::bigint[])'
-                            ).format(dead_table, sql.Identifier(CHUNK_COLUMN)),
-                    params,
+                            ' error, key, value) SELECT {pipeline}::text, {window_start}::timestamptz, {epoch}::int,'
+                            ' topic, partition, "offset", error, key, value FROM {table}'
+                            ' WHERE {chunk} = ANY({chunks}::bigint[])'
+                            ).format(table=dead_table, chunk=sql.Identifier(CHUNK_COLUMN), **values),
                 ).rowcount
             except psycopg.OperationalError:
                 raise
@@ -421,20 +423,22 @@ class PostgresTarget(Sink):
                      (attempt.pipeline, attempt.window_start))
         if not shape.window_columns:  # upsert without window columns: the upsert overwrites
             return 0
-        return conn.execute(
-            sql.SQL("DELETE FROM {} WHERE eos_pipeline = %s AND eos_window_start = %s").format(self._target),
-            (attempt.pipeline, attempt.window_start),
+        return conn.execute(  # literals, not parameters: see commit()
+            sql.SQL("DELETE FROM {} WHERE eos_pipeline = {}::text AND eos_window_start = {}::timestamptz").format(
+                self._target, sql.Literal(attempt.pipeline), sql.Literal(attempt.window_start)),
         ).rowcount
 
-    def _publish_sql(self, columns: tuple[str, ...], shape: _Shape, rows_table: sql.Identifier) -> sql.Composed:
-        """Parameters: pipeline, window_start, chunks (the checkpointed chunk ids)."""
+    def _publish_sql(self, columns: tuple[str, ...], shape: _Shape, rows_table: sql.Identifier,
+                     values: dict[str, sql.Literal]) -> sql.Composed:
+        """``values``: literals of pipeline, window_start and chunks (the checkpointed chunk ids)."""
         target_columns = list(columns) + (list(WINDOW_COLUMNS) if shape.window_columns else [])
-        values = [sql.Identifier(c) for c in columns]
+        selected = [sql.Identifier(c) for c in columns]
         if shape.window_columns:
-            values += [sql.SQL("%(pipeline)s::text"), sql.SQL("%(window_start)s::timestamptz")]
-        statement = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} WHERE {} = ANY(%(chunks)s::bigint[])").format(
-            self._target, sql.SQL(", ").join(map(sql.Identifier, target_columns)), sql.SQL(", ").join(values),
-            rows_table, sql.Identifier(CHUNK_COLUMN))
+            selected += [sql.SQL("{}::text").format(values["pipeline"]),
+                         sql.SQL("{}::timestamptz").format(values["window_start"])]
+        statement = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} WHERE {} = ANY({}::bigint[])").format(
+            self._target, sql.SQL(", ").join(map(sql.Identifier, target_columns)), sql.SQL(", ").join(selected),
+            rows_table, sql.Identifier(CHUNK_COLUMN), values["chunks"])
         if self.mode == "upsert":
             updated = [c for c in target_columns if c not in self.key] or [self.key[0]]
             statement += sql.SQL(" ON CONFLICT ({}) DO UPDATE SET {}").format(
