@@ -38,6 +38,7 @@ from airflow_eos.core.errors import (
     WindowConflict,
     WindowNotPlanned,
 )
+from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import PartitionRange, TopicPartition, Window, to_utc
 
@@ -391,6 +392,7 @@ def prepare(ledger: Ledger, attempt: Attempt,
     the staging, or None when it is gone. Raises NotPrepared (with every
     problem), AttemptFenced or AttemptClosed when waiting cannot help.
     """
+    fault_point("checkpoint.before_prepare")
     with ledger.connect() as conn:
         with conn.transaction():
             status = load_status(conn, attempt)

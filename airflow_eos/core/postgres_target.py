@@ -48,6 +48,7 @@ from psycopg import sql
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt, StagedChunk
+from airflow_eos.core.faults import fault_point
 from airflow_eos.core.errors import (
     ConfigurationError,
     LedgerUnavailable,
@@ -391,7 +392,9 @@ class PostgresTarget(Sink):
                 # would read a '%' inside a quoted (hostile) table name as a placeholder.
                 values = {"pipeline": sql.Literal(attempt.pipeline), "window_start": sql.Literal(attempt.window_start),
                           "epoch": sql.Literal(attempt.epoch), "chunks": sql.Literal(chunks)}
+                fault_point("commit.before_publish")
                 published = conn.execute(self._publish_sql(columns, shape, rows_table, values)).rowcount
+                fault_point("commit.after_publish")
                 dead = conn.execute(
                     sql.SQL('INSERT INTO eos.dead_letters (pipeline, window_start, epoch, topic, partition, "offset",'
                             ' error, key, value) SELECT {pipeline}::text, {window_start}::timestamptz, {epoch}::int,'
@@ -457,6 +460,7 @@ class PostgresTarget(Sink):
         Waits for a writer still staging into it (a zombie task) to finish."""
         with self._connection(f"abort {attempt}") as conn, conn.transaction():
             aborted = attempts.mark_aborted(conn, attempt, reason)
+            fault_point("abort.inside")
             self._drop_staging(conn, attempt)
         return aborted
 
@@ -526,6 +530,7 @@ class StagingWriter:
                                 digest.update(payload)
                                 copy.write(payload)
                                 rows += batch.num_rows
+                                fault_point("stage.mid_write")
                     with cur.copy(sql.SQL("COPY {} ({}, topic, partition, \"offset\", error, key, value) FROM STDIN")
                                   .format(dead_table, sql.Identifier(CHUNK_COLUMN))) as dl_copy:
                         for record in _dead_letter_rows(dead_letters):

@@ -24,6 +24,7 @@ from datetime import datetime, timedelta, timezone
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, Checkpoint, ConsumedRange, Readiness, StagedChunk
+from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import TopicPartition, Window
 
@@ -80,6 +81,7 @@ class Sink(ABC):
                    chunks: Iterable[StagedChunk]) -> Checkpoint:
         """Record what the job consumed and staged (called on Spark's job commit
         with the chunks of the successful tasks)."""
+        fault_point("stage.before_checkpoint")
         checkpoint = attempts.make_checkpoint(consumed, chunks)
         with self.ledger.connect() as conn, conn.transaction():
             attempts.write_checkpoint(conn, attempt, checkpoint)

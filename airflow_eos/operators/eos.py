@@ -23,6 +23,7 @@ from airflow.sdk import BaseOperator, BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.errors import WindowNotClosed
+from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest, plan_window
 from airflow_eos.core.postgres_target import PostgresTarget
@@ -273,6 +274,7 @@ class EosCommitOperator(BaseOperator):
         attempt = Attempt.from_dict(self.attempt)
         result = resolve_target(self.target).commit(attempt)
         self.log.info("%s", result)
+        fault_point("commit.after_commit")
         if self.mirror_group_id and result.offsets:
             mirror_offsets(EosKafkaHook(kafka_config_id=self.kafka_conn_id).kafka_config,
                            self.mirror_group_id, result.offsets)
