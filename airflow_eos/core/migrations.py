@@ -143,6 +143,32 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        3,
+        """
+        -- What the read tasks of one run of an attempt's stage job read completely:
+        -- one row per sub-range, written by the task after its last record (a
+        -- retried or speculative task writes the same row again). The job commit
+        -- assembles the checkpoint's consumed ranges from the rows of its run, so
+        -- the offsets checkpointed are what was read, never a second read of Kafka.
+        CREATE TABLE eos.read_ranges (
+            pipeline      text             NOT NULL,
+            window_start  timestamptz      NOT NULL,
+            epoch         integer          NOT NULL,
+            run           text             NOT NULL,  -- one stage job run of the attempt
+            topic         text             NOT NULL,
+            partition     integer          NOT NULL,
+            start_offset  bigint           NOT NULL,
+            end_offset    bigint           NOT NULL,
+            records       bigint           NOT NULL,
+            seconds       double precision NOT NULL,  -- the first report's read time, for the job's log
+            read_at       timestamptz      NOT NULL DEFAULT now(),
+            PRIMARY KEY (pipeline, window_start, epoch, run, topic, partition, start_offset),
+            FOREIGN KEY (pipeline, window_start, epoch) REFERENCES eos.attempts ON DELETE CASCADE,
+            CHECK (start_offset <= end_offset AND records BETWEEN 0 AND end_offset - start_offset)
+        );
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

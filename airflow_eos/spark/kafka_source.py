@@ -26,12 +26,20 @@ or, with the source registered (``register(spark)``)::
 
 ``partitions()`` and ``read()`` run in Python workers, not in the process that
 built the DataFrame: everything they need travels in the options.
+
+Option ``report`` (``"module:function"``) names a hook that a task calls after it
+has read its sub-range *completely*, as ``function(options, task, stats)`` with the
+``report.*`` options (prefix stripped), the KafkaRangePartition and its ReadStats.
+The stage job uses it to record exactly what was consumed (see
+:mod:`airflow_eos.spark.stage`); a task that fails or is not read to its end never
+calls it.
 """
 
 from __future__ import annotations
 
 import bisect
 import gc
+import importlib
 import itertools
 import logging
 import math
@@ -96,6 +104,8 @@ OPT_MAX_RECORDS_PER_TASK = "max_records_per_task"
 OPT_BATCH_ROWS = "arrow_batch_rows"
 OPT_END_GRACE_S = "end_grace_s"
 OPT_POLL_TIMEOUT_S = "poll_timeout_s"
+OPT_REPORT = "report"
+REPORT_PREFIX = "report."
 KAFKA_PREFIX = "kafka."
 
 DEFAULT_MAX_RECORDS_PER_TASK = 500_000
@@ -140,10 +150,17 @@ def plan_options(
     arrow_batch_rows: int | None = None,
     end_grace_s: float | None = None,
     poll_timeout_s: float | None = None,
+    report: str | None = None,
+    report_options: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The string options that make this source read ``plan``."""
+    """The string options that make this source read ``plan``; ``report`` and
+    ``report_options``: the completed-range hook (see the module docstring)."""
     plan_json = plan if isinstance(plan, str) else plan.to_json()
     options = {OPT_PLAN: plan_json}
+    if report is not None:
+        options[OPT_REPORT] = report
+        for key, value in (report_options or {}).items():
+            options[REPORT_PREFIX + key] = str(value)
     for key, value in kafka_config.items():
         options[KAFKA_PREFIX + key] = _option_string(value)
     for name, value in ((OPT_MAX_RECORDS_PER_TASK, max_records_per_task), (OPT_BATCH_ROWS, arrow_batch_rows),
@@ -169,6 +186,8 @@ class ReadSettings:
     batch_rows: int
     end_grace_s: float
     poll_timeout_s: float
+    report: str | None = None
+    report_options: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "ReadSettings":
@@ -189,7 +208,22 @@ class ReadSettings:
             batch_rows=_positive(options, OPT_BATCH_ROWS, DEFAULT_BATCH_ROWS, int),
             end_grace_s=_positive(options, OPT_END_GRACE_S, DEFAULT_END_GRACE_S, float),
             poll_timeout_s=_positive(options, OPT_POLL_TIMEOUT_S, DEFAULT_POLL_TIMEOUT_S, float),
+            report=_report_hook_name(options.get(OPT_REPORT)),
+            report_options=tuple(sorted((k[len(REPORT_PREFIX):], v) for k, v in options.items()
+                                        if k.startswith(REPORT_PREFIX))),
         )
+
+
+def _report_hook_name(value: str | None) -> str | None:
+    if value is not None and (value.count(":") != 1 or not all(value.split(":"))):
+        raise ConfigurationError(f"option {OPT_REPORT!r} must be 'module:function', got {value!r}")
+    return value
+
+
+def _call_report_hook(settings: ReadSettings, task: "KafkaRangePartition", stats: "ReadStats") -> None:
+    module, _, name = settings.report.partition(":")
+    hook = getattr(importlib.import_module(module), name)
+    hook(dict(settings.report_options), task, stats)
 
 
 def _positive(options: Mapping[str, str], name: str, default, kind):
@@ -611,6 +645,9 @@ class KafkaRangeReader(DataSourceReader):
             log.error("%s: failed after %s: %s", partition, stats.summary(), exc)
             raise
         log.info("%s: done, %s", partition, stats.summary())
+        if settings.report:
+            # Only here, after the generator ran to its end: the range was read completely.
+            _call_report_hook(settings, partition, stats)
 
 
 # --------------------------------------------------------------------------- driver side
@@ -629,7 +666,8 @@ def read_plan(
 ) -> "DataFrame":
     """A DataFrame (Spark Kafka source schema) of exactly the records of ``plan``.
 
-    ``options``: max_records_per_task, arrow_batch_rows, end_grace_s, poll_timeout_s.
+    ``options``: max_records_per_task, arrow_batch_rows, end_grace_s, poll_timeout_s,
+    report, report_options.
     """
     parsed = plan if isinstance(plan, WindowPlan) else WindowPlan.from_json(plan)
     log.info("plan of %s: %d ranges, %d offsets", parsed.window, len(parsed.ranges), parsed.max_records)
