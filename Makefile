@@ -3,14 +3,18 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup test test-unit
+.PHONY: help setup demo test test-unit
 
 help:
+	@echo "make demo       install what is needed, then run the example pipeline end to end on embedded services"
 	@echo "make test       install everything needed (apt, .venv, embedded broker) and run the test suite"
 	@echo "make test-unit  only the pure-logic unit tests"
 
 setup:
 	@bash scripts/bootstrap.sh
+
+demo: setup
+	.venv/bin/airflow-eos demo
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -126,7 +126,23 @@ def build_parser() -> argparse.ArgumentParser:
                             "the table itself is never touched)")
     sweep.add_argument("--dry-run", action="store_true", help="list what would be aborted, abort nothing")
     sweep.set_defaults(run=cmd_sweep)
+
+    demo = sub.add_parser(
+        "demo", help="run the example pipeline end to end on embedded services (what `make demo` runs)",
+        description="Start a throwaway PostgreSQL and the embedded Kafka-protocol broker on 127.0.0.1, produce "
+                    "four hours of orders (with malformed and late records), run the example DAG orders_hourly "
+                    "for every hourly window through Airflow and spark-submit, crash one window and recover it "
+                    "with a Clear, rerun a committed window, and audit the result with verify. Stops everything "
+                    "it started. Needs the repository's dags/ folder (an editable install).")
+    demo.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
+    demo.set_defaults(run=lambda args, out: _demo())
     return parser
+
+
+def _demo() -> int:
+    from airflow_eos.demo import main as demo_main  # imports Airflow; only the demo needs it
+
+    return demo_main()
 
 
 def _postgres_url(args) -> str:
@@ -186,32 +202,39 @@ def _when(value: datetime | None) -> str:
 
 
 def cmd_status(args, out: TextIO) -> int:
-    ledger = Ledger(_postgres_url(args))
-    kafka = _kafka_config(args, required=False)
+    print_status(Ledger(_postgres_url(args)), args.pipeline, out, kafka_config=_kafka_config(args, required=False),
+                 limit=args.limit, kafka_timeout=args.kafka_timeout)
+    return OK
+
+
+def print_status(ledger: Ledger, pipeline: str, out: TextIO, *, kafka_config: dict[str, Any] | None = None,
+                 limit: int = 50, kafka_timeout: float = 10.0) -> None:
+    """A pipeline's windows, attempts and offsets (and, with Kafka, its lag)."""
+    kafka = kafka_config
     with ledger.connect() as conn, conn.transaction():
         if conn.execute("SELECT to_regclass('eos.windows') IS NULL").fetchone()[0]:
             raise UsageError(f"no airflow-eos ledger in {redact(ledger.url)}: schema eos is missing")
         windows = conn.execute(
             "SELECT window_start, window_end, state, epoch, published_rows, dead_letter_rows, committed_at"
-            " FROM eos.windows WHERE pipeline = %s ORDER BY window_start", (args.pipeline,)).fetchall()
+            " FROM eos.windows WHERE pipeline = %s ORDER BY window_start", (pipeline,)).fetchall()
         if not windows:
             known = [r[0] for r in conn.execute("SELECT DISTINCT pipeline FROM eos.windows ORDER BY 1 LIMIT 20")]
-            raise UsageError(f"pipeline {args.pipeline!r} has no windows in {redact(ledger.url)}"
+            raise UsageError(f"pipeline {pipeline!r} has no windows in {redact(ledger.url)}"
                              + (f"; it knows: {', '.join(known)}" if known else ""))
         counts: dict[datetime, dict[str, int]] = {}
         for ws, state, n in conn.execute(
                 "SELECT window_start, state, count(*) FROM eos.attempts WHERE pipeline = %s GROUP BY 1, 2",
-                (args.pipeline,)):
+                (pipeline,)):
             counts.setdefault(ws, {})[state] = n
-        offsets = attempts.load_offsets(conn, args.pipeline)
+        offsets = attempts.load_offsets(conn, pipeline)
         planned = {TopicPartition(t, p) for t, p in conn.execute(
-            "SELECT DISTINCT topic, partition FROM eos.window_ranges WHERE pipeline = %s", (args.pipeline,))}
+            "SELECT DISTINCT topic, partition FROM eos.window_ranges WHERE pipeline = %s", (pipeline,))}
 
     by_state: dict[str, int] = {}
     for w in windows:
         by_state[w[2]] = by_state.get(w[2], 0) + 1
-    shown = windows[-args.limit:] if args.limit > 0 else windows
-    print(f"pipeline {args.pipeline}: {len(windows)} window(s), "
+    shown = windows[-limit:] if limit > 0 else windows
+    print(f"pipeline {pipeline}: {len(windows)} window(s), "
           + ", ".join(f"{n} {state}" for state, n in sorted(by_state.items())), file=out)
     if len(shown) < len(windows):
         print(f"showing the latest {len(shown)}; --limit 0 shows all", file=out)
@@ -225,7 +248,7 @@ def cmd_status(args, out: TextIO) -> int:
     tps = sorted(planned | set(offsets))
     ends: dict[TopicPartition, int] = {}
     if kafka is not None:
-        with KafkaLog(kafka, timeout=args.kafka_timeout) as log_:
+        with KafkaLog(kafka, timeout=kafka_timeout) as log_:
             tps = sorted(set(tps) | set(log_.partitions(sorted({tp.topic for tp in tps}))))
             ends = {tp: log_.bounds(tp).end for tp in tps}
     headers = ["partition", "committed offset"] + (["end of log", "lag"] if kafka is not None else [])
@@ -238,7 +261,6 @@ def cmd_status(args, out: TextIO) -> int:
     print(table(headers, rows) if rows else "no partitions planned yet", file=out)
     if kafka is None:
         print("(pass --kafka-bootstrap or --kafka-config to see the end of each log and the lag)", file=out)
-    return OK
 
 
 def _attempts(states: dict[str, int]) -> str:

@@ -229,6 +229,8 @@ class EosSparkStageOperator(SparkSubmitOperator):
         # Secrets travel in the environment of spark-submit, never on its command line.
         hook = self._get_hook()
         local = str(hook._connection["master"]).startswith("local")
+        if local:  # a batch job in local mode needs no web UI (and no listener)
+            self.conf = {"spark.ui.enabled": "false", **(self.conf or {})}
         self.env_vars = {**(self.env_vars or {}), **stage_job_environment(target, kafka_config, local=local)}
         started = time.monotonic()
         super().execute(context)
