@@ -191,3 +191,56 @@ def test_clearing_a_committed_aggregate_window_replaces_its_counts(airflow_conne
     assert sql(pg_url, "SELECT minute, events FROM analytics.events_per_minute ORDER BY minute") == counts
     audit(pg_url, kafka_config, table="analytics.events_per_minute", pipeline="events_per_minute",
           count_column="events")
+
+
+def test_a_zombie_stage_attempt_is_never_published(airflow_connections, kafka_config, topics, run_after):
+    """A stage attempt whose task Airflow lost track of (a zombie) runs its real
+    spark-submit to the end and checkpoints; then the window runs in Airflow: the
+    new attempt fences the zombie, commits, and the teardown aborts the zombie.
+    The zombie's late prepare and commit are refused; only the new attempt's rows
+    are published, once."""
+    import os
+    import subprocess
+    import sys
+
+    from airflow_eos.core.errors import AttemptClosed, AttemptFenced
+    from airflow_eos.core.plan import PlanRequest, plan_window
+    from airflow_eos.core.source import KafkaLog
+    from airflow_eos.core.windows import Window
+    from airflow_eos.examples.transforms import ORDERS_TABLE_DDL
+    from airflow_eos.spark.submit import stage_job_environment, stage_job_path
+
+    pg_url = airflow_connections
+    fresh_topic(topics, "orders")
+    counts = produce_orders(topics, hours=1)
+    with psycopg.connect(pg_url) as conn:
+        conn.execute(ORDERS_TABLE_DDL)
+    ledger = Ledger(pg_url)
+    ledger.migrate()
+    with KafkaLog(kafka_config) as log:
+        plan = plan_window(ledger, log, PlanRequest(Window("orders_hourly", T0, T0 + HOUR), ("orders",)))
+    target = PostgresTarget(pg_url, "analytics.orders")
+    zombie = target.begin(plan.window)
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", "local[2]",
+         "--conf", "spark.ui.enabled=false", stage_job_path(), "--plan", plan.to_json(),
+         "--attempt", json.dumps(zombie.to_dict()), "--max-records-per-task", "1000000",
+         "--max-bad-records", "100", "--transform", "airflow_eos.examples.transforms:orders"],
+        env={**os.environ, **stage_job_environment(target, kafka_config, local=True)},
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert sql(pg_url, "SELECT state FROM eos.attempts") == [("checkpointed",)]
+
+    run = run_window(load_dag("orders_hourly"), window_date(0), run_after(0))
+    assert run.state == "success", states(run)
+    assert sql(pg_url, "SELECT epoch, state FROM eos.attempts ORDER BY epoch") == [(1, "aborted"), (2, "committed")]
+    with pytest.raises((AttemptFenced, AttemptClosed)):
+        target.prepare(zombie)
+    # the window is committed and on_committed="skip": the zombie's commit publishes nothing
+    late = target.commit(zombie)
+    assert (late.outcome, late.changed, late.committed_epoch) == ("skipped", False, 2)
+    with pytest.raises((AttemptFenced, AttemptClosed)):
+        PostgresTarget(pg_url, "analytics.orders", on_committed="replace").commit(zombie)
+    report = audit(pg_url, kafka_config)
+    assert report.totals.published_rows == counts["good"][0]
+    assert report.totals.dead_letters == counts["bad"][0]
