@@ -109,7 +109,7 @@ REPORT_PREFIX = "report."
 KAFKA_PREFIX = "kafka."
 
 DEFAULT_MAX_RECORDS_PER_TASK = 500_000
-# bench/bench_read.py measured 5k, 20k and 50k rows per batch alike (within the
+# bench/bench_read.py (now folded into bench/run.py) measured 5k, 20k and 50k rows per batch alike (within the
 # noise of 2 cores); 20k amortises per-batch costs and keeps a batch a few MB.
 DEFAULT_BATCH_ROWS = 20_000
 # How long a partition may look shorter than the plan (end of partition, or
