@@ -3,14 +3,16 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 SIZES ?= 10000,100000,1000000
+N ?= 50
 
-.PHONY: help setup demo test test-unit bench
+.PHONY: help setup demo test test-unit bench chaos
 
 help:
 	@echo "make demo       install what is needed, then run the example pipeline end to end on embedded services"
 	@echo "make test       install everything needed (apt, .venv, embedded broker) and run the test suite"
 	@echo "make test-unit  only the pure-logic unit tests"
 	@echo "make bench      benchmark windows of SIZES records (default 10000,100000,1000000): bench/results.md"
+	@echo "make chaos      the fault-injection suite with N randomized schedules (N=50; EOS_CHAOS_SEED=S to pick seeds)"
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -23,6 +25,9 @@ test: setup
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+chaos: setup
+	EOS_CHAOS_N=$(N) $(PY) -m pytest tests/chaos $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run.py --sizes $(SIZES)

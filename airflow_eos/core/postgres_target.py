@@ -367,15 +367,17 @@ class PostgresTarget(Sink):
             status = attempts.load_status(conn, attempt, lock=True)
             if status.state == COMMITTED:
                 log.info("%s: committed before; nothing to do", attempt)
+                # The offsets as they are now, so that a retry after a failure between
+                # the commit and the offsets mirror still mirrors them.
                 return CommitResult(attempt, ALREADY_COMMITTED, status.committed_epoch, status.published_rows,
-                                    status.dead_letter_rows)
+                                    status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
             replacing = status.window_state == COMMITTED
             if replacing and self.on_committed == "skip":
                 attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch};"
                                                      " on_committed='skip'")
                 self._drop_staging(conn, attempt)
                 result = CommitResult(attempt, SKIPPED, status.committed_epoch, status.published_rows,
-                                      status.dead_letter_rows)
+                                      status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
                 log.info("%s", result)
                 return result
             attempts.check_committable(attempt, status)

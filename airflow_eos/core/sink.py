@@ -44,7 +44,9 @@ class CommitResult:
     published_rows: int  # rows of the window in the target, as recorded when it was committed
     dead_letter_rows: int
     replaced_rows: int = 0  # rows of the window deleted by a replace
-    offsets: Mapping[TopicPartition, int] | None = None  # the pipeline's offsets after a publishing commit
+    # The pipeline's offsets after this commit; for a no-op (already committed,
+    # skipped) the offsets as they are, so a retry can still mirror them.
+    offsets: Mapping[TopicPartition, int] | None = None
     seconds: float = 0.0
 
     @property

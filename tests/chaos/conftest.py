@@ -1,0 +1,182 @@
+"""Fault-injection suite: shared source data, one ledger database, per-scenario
+pipelines and target tables, and the session's tally.
+
+Every scenario ends with ``airflow_eos.testing.chaos.check`` (verify against
+Kafka clean, totals, no live attempt or staging left) and reports here; the
+session ends with one line: ``chaos: N scenarios, M randomized schedules, V
+violations``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.testing import chaos
+
+HOURS = 6  # windows available in the shared topic
+PER_HOUR = 12  # records per partition and hour
+PARTITIONS = 2
+# Scenarios wait on the broker and the database far more than they compute:
+# run this many at once (each test item still reports its own scenario).
+PARALLEL = int(os.environ.get("EOS_CHAOS_PARALLEL") or 4)
+
+
+@dataclass
+class Tally:
+    scenarios: int = 0
+    schedules: int = 0
+    violations: int = 0
+    records: int = 0
+    rows: int = 0
+    dead_letters: int = 0
+    duplicates: int = 0
+    missing: int = 0
+    extra: int = 0
+    attempts: int = 0
+    runs: int = 0
+    failed: list[str] = field(default_factory=list)
+    seeds: str = ""
+
+    def add(self, verdict: chaos.Verdict, *, schedule: bool = False) -> None:
+        if schedule:
+            self.schedules += 1
+        else:
+            self.scenarios += 1
+        t = verdict.report.totals
+        self.records += t.kafka_records or 0
+        self.rows += t.published_rows
+        self.dead_letters += t.dead_letters
+        self.duplicates += t.duplicates or 0
+        self.missing += t.missing or 0
+        self.extra += t.extra or 0
+        self.attempts += verdict.attempts
+        self.runs += verdict.runs
+
+
+TALLY = Tally()
+
+
+@pytest.fixture
+def tally():
+    return TALLY
+
+
+def pytest_runtest_logreport(report):
+    if report.failed and "chaos/" in report.nodeid.replace("\\", "/"):
+        TALLY.violations += 1
+        TALLY.failed.append(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not (TALLY.scenarios or TALLY.schedules or TALLY.violations):
+        return
+    t = TALLY
+    terminalreporter.write_sep("-", "chaos")
+    terminalreporter.write_line(
+        f"chaos: {t.scenarios} scenarios, {t.schedules} randomized schedules{t.seeds}, {t.violations} violations")
+    terminalreporter.write_line(
+        f"chaos: verified {t.records} Kafka records of committed windows = {t.rows} rows published + "
+        f"{t.dead_letters} dead letters; {t.duplicates} duplicates, {t.missing} missing, {t.extra} extra; "
+        f"{t.attempts} attempts in {t.runs} DAG runs")
+    for nodeid in t.failed:
+        terminalreporter.write_line(f"chaos: VIOLATION in {nodeid}")
+
+
+@pytest.fixture(autouse=True)
+def _no_faults_in_the_test_process(monkeypatch):
+    """Faults go only into the child processes the driver starts."""
+    monkeypatch.delenv("EOS_FAULTS", raising=False)
+    monkeypatch.delenv("EOS_FAULTS_STATE", raising=False)
+
+
+# --------------------------------------------------------------------------- shared services
+
+
+@pytest.fixture(scope="session")
+def chaos_source(kafka):
+    """One topic for the whole suite: HOURS hours of orders on PARTITIONS
+    partitions (every 13th malformed), closed by one later record each.
+    Pipelines are independent, so every scenario may plan the same log."""
+    topic = f"chaos-{uuid.uuid4().hex[:8]}"
+    chaos.create_topic(kafka.address, topic, PARTITIONS)
+    chaos.produce(kafka.address, topic, chaos.source_records(HOURS, PER_HOUR, PARTITIONS))
+    yield {"topic": topic, "kafka_config": {"bootstrap.servers": kafka.address, "fetch.wait.max.ms": 10}}
+
+
+@pytest.fixture(scope="session")
+def chaos_db(pg_server):
+    """One ledger database for the suite; scenarios differ by pipeline and table."""
+    name = f"eos_chaos_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server.address, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = pg_server.address.rpartition("/")
+    url = f"{base}/{name}"
+    Ledger(url).migrate()
+    yield url
+    with psycopg.connect(pg_server.address, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def new_pipeline(url: str, source: dict, name: str, *, on_committed: str = "skip", mirror: bool = False,
+                 **kwargs) -> chaos.Pipeline:
+    """A Pipeline with its own target table in the database at ``url``."""
+    name = chaos.slug(name)[:40] + "_" + uuid.uuid4().hex[:6]
+    table = f"chaos.{name}"
+    chaos.create_target_table(url, table)
+    return chaos.Pipeline(
+        name=name, url=url, table=table, kafka_config=source["kafka_config"], topics=(source["topic"],),
+        on_committed=on_committed, mirror_group=f"eos-mirror-{name}" if mirror else None, **kwargs)
+
+
+@pytest.fixture
+def make_pipeline(chaos_db, chaos_source):
+    """make_pipeline(name, on_committed=..., mirror=...) -> a Pipeline with its
+    own target table in the suite's database."""
+    return lambda name, **kwargs: new_pipeline(chaos_db, chaos_source, name, **kwargs)
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str):
+    """A fresh ledger database (for scenarios that sweep: the sweep is database-wide)."""
+    name = f"eos_chaos_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = server_url.rpartition("/")
+    url = f"{base}/{name}"
+    try:
+        Ledger(url).migrate()
+        yield url
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def selected_params(request, function: str) -> list[dict]:
+    """The parameters of the selected (after -k, deselection) items of a test
+    function, for module fixtures that run every selected case at once."""
+    return [item.callspec.params for item in request.session.items
+            if getattr(item, "originalname", None) == function and item.module is request.module]
+
+
+def run_concurrently(cases: dict, fn, parallel: int) -> dict:
+    """{key: fn(*args)} for cases {key: args}, ``parallel`` at a time; a
+    failure is kept as its exception, to be raised by the case's own test."""
+    results: dict = {}
+
+    def one(key):
+        try:
+            results[key] = fn(*cases[key])
+        except BaseException as exc:  # noqa: BLE001 - reported by the case's test
+            results[key] = exc
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        list(pool.map(one, cases))
+    return results

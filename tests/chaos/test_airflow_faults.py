@@ -1,0 +1,112 @@
+"""The one fault point only the Airflow layer reaches: ``commit.after_commit``
+sits in EosCommitOperator, between the commit transaction and the offsets
+mirror / Asset event. Through real Airflow (dag.test) and spark-submit: the
+commit task fails right after committing, its retry finds the window
+committed, and still mirrors the offsets and emits the Asset event; the data
+is published once. (The rest of the real Airflow path, retries, fail + clear,
+skip and replace reruns, is tests/e2e.)
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from airflow_eos.core.attempt import load_offsets
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.verify import verify
+from airflow_eos.testing import chaos
+from airflow_eos.testing.chaos import HOUR, T0, Verdict
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def connections(airflow_db, pg_url, kafka, monkeypatch):
+    from psycopg.conninfo import conninfo_to_dict
+
+    pg = conninfo_to_dict(pg_url)
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka.address, "fetch.wait.max.ms": 10}}))
+    monkeypatch.setenv("AIRFLOW_CONN_POSTGRES_DEFAULT", json.dumps(
+        {"conn_type": "postgres", "host": pg["host"], "port": int(pg["port"]), "login": pg["user"],
+         "schema": pg["dbname"], "password": pg.get("password")}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    return pg_url
+
+
+def register(dag) -> None:
+    """dag.test needs the DAG in Airflow's database; an inline DAG is not parsed from the DAGs folder."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(dag_folder="/nonexistent", collect_dags=False)
+    bag.bag_dag(dag)
+    sync_bag_to_db(bag, "dags-folder", None)
+
+
+def asset_events(uri: str) -> list[dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return [e.extra for e in session.scalars(
+            select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id).where(AssetModel.uri == uri))]
+
+
+def test_commit_task_failing_after_its_commit_retries_mirrors_and_emits_once(
+        connections, kafka, tmp_path, monkeypatch, tally):
+    from airflow.sdk import DAG
+    from airflow.timetables.interval import CronDataIntervalTimetable
+
+    from airflow_eos import KafkaSource, PostgresTarget, exactly_once_window
+    from airflow_eos.window import target_asset
+
+    pg_url = connections
+    name = f"chaos_after_commit_{uuid.uuid4().hex[:6]}"
+    topic = f"chaos-af-{uuid.uuid4().hex[:6]}"
+    group = f"eos-mirror-{name}"
+    chaos.create_topic(kafka.address, topic, 2)
+    chaos.produce(kafka.address, topic, chaos.source_records(1, 12, 2))
+    Ledger(pg_url).migrate()
+    chaos.create_target_table(pg_url, f"chaos.{name}")
+    target = PostgresTarget(table=f"chaos.{name}")
+    with DAG(name, schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"), start_date=T0, catchup=False,
+             default_args={"retries": 1, "retry_delay": timedelta(seconds=0)}) as dag:
+        exactly_once_window(pipeline=name, source=KafkaSource(topics=[topic]), target=target,
+                            transform="airflow_eos.testing.chaos:spark_transform", max_bad_records=1_000,
+                            mirror_group_id=group)
+    register(dag)
+
+    monkeypatch.setenv("EOS_FAULTS", "commit.after_commit=raise*1")
+    monkeypatch.setenv("EOS_FAULTS_STATE", str(tmp_path))
+    run = dag.test(logical_date=T0 + HOUR, run_after=datetime(2026, 6, 1, tzinfo=timezone.utc))
+    monkeypatch.delenv("EOS_FAULTS")
+    tis = {ti.task_id: ti for ti in run.get_task_instances()}
+    assert run.state == "success", {k: str(ti.state) for k, ti in tis.items()}
+    assert (tmp_path / "commit.after_commit.0").exists()
+    commit = tis["window.commit"]
+    assert commit.try_number == 2
+    assert commit.xcom_pull(task_ids="window.commit")["outcome"] == "already_committed"
+
+    with psycopg.connect(pg_url) as conn:
+        ledger_offsets = load_offsets(conn, name)
+        assert conn.execute("SELECT epoch, state FROM eos.attempts WHERE pipeline = %s", (name,)).fetchall() == [
+            (1, "committed")]
+    assert ledger_offsets and chaos.mirrored_offsets(
+        {"bootstrap.servers": kafka.address}, group, sorted(ledger_offsets)) == ledger_offsets
+    events = asset_events(target_asset(name, target).uri)
+    assert [e["outcome"] for e in events] == ["already_committed"]
+
+    report = verify(Ledger(pg_url), {"bootstrap.servers": kafka.address}, target.with_url(pg_url), name)
+    assert report.clean and report.committed_windows == 1, str(report)
+    t = report.totals
+    assert t.kafka_records == t.published_rows + t.dead_letters and (t.duplicates, t.missing, t.extra) == (0, 0, 0)
+    tally.add(Verdict(report, 1, 1, 1))

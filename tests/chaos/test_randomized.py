@@ -1,0 +1,53 @@
+"""Randomized fault schedules, seeded and reproducible.
+
+Each schedule (airflow_eos.testing.chaos.Schedule.draw) is drawn from its seed
+alone: 2-5 windows, 0-3 random faults per window (any point, raise or crash,
+firing 1-3 times), random task retries, runs started in a random order, one at
+a time or several at once (a backfill), sometimes a window run twice at once,
+sometimes a sweeper with a zero timeout aborting attempts of runs in flight,
+zombie attempts that finish at random moments, a sweep, clears of committed
+windows (skip or replace), and the failed windows cleared round after round in
+random order until all are committed. It ends with verify clean against Kafka
+and the totals (see chaos.check).
+
+    EOS_CHAOS_N     schedules to run (CI: 10; `make chaos N=200` runs more)
+    EOS_CHAOS_SEED  the first seed (default: random); schedule k uses seed + k
+
+A failing schedule names its seed and the command that runs it again.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from conftest import PARALLEL, TALLY, new_pipeline, run_concurrently, scratch_database, selected_params
+
+from airflow_eos.testing.chaos import Schedule, run_schedule
+
+N = int(os.environ.get("EOS_CHAOS_N") or 10)
+BASE = int(os.environ.get("EOS_CHAOS_SEED") or random.SystemRandom().randrange(1, 10**6))
+SEEDS = [BASE + k for k in range(N)]
+TALLY.seeds = f" (seeds {BASE}..{BASE + N - 1})" if N > 1 else f" (seed {BASE})"
+
+
+@pytest.fixture(scope="module")
+def schedules(request, pg_server, chaos_source, tmp_path_factory):
+    def one(seed):
+        s = Schedule.draw(seed)
+        with scratch_database(pg_server.address) as url:
+            p = new_pipeline(url, chaos_source, f"r{seed}", on_committed=s.on_committed, mirror=s.mirror,
+                             max_records_per_task=s.max_records_per_task)
+            return run_schedule(s, p, tmp_path_factory.mktemp(f"seed{seed}"))
+
+    seeds = [params["seed"] for params in selected_params(request, "test_randomized_schedule_is_exactly_once")]
+    return run_concurrently({seed: (seed,) for seed in seeds}, one, PARALLEL)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_randomized_schedule_is_exactly_once(seed, schedules, tally):
+    result = schedules[seed]
+    if isinstance(result, BaseException):
+        raise result
+    tally.add(result, schedule=True)
