@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the tests and the demo need on a fresh machine, and reuses
 # what is already there on the next run:
-#   - Debian packages: PostgreSQL server binaries, a Java runtime for Spark
+#   - Debian packages: PostgreSQL server binaries, a Java runtime for Spark,
+#     headless Chromium (screenshots of the Airflow UI)
 #   - uv, then the virtualenv .venv with this package and its dev extra
 # Idempotent; a second run takes about a second.
 set -euo pipefail
@@ -17,6 +18,8 @@ done
 [ -n "$pg_found" ] || need_apt+=(postgresql)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
+# headless Chromium renders the Airflow UI in tests/e2e/test_live_stack.py
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need_apt+=(chromium)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""
