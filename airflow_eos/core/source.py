@@ -242,3 +242,14 @@ class KafkaLog:
             if at == end - 1:
                 break
         return out
+
+
+def mirror_offsets(kafka_config: dict, group_id: str, offsets) -> None:
+    """Commit a pipeline's offsets to a consumer group so lag tools see them
+    (the ledger stays the source of truth)."""
+    consumer = Consumer({**kafka_config, "group.id": group_id, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
+                        asynchronous=False)
+    finally:
+        consumer.close()

@@ -15,9 +15,6 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
-from confluent_kafka import Consumer
-from confluent_kafka import TopicPartition as KafkaTopicPartition
-
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator, BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
@@ -27,7 +24,7 @@ from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest, plan_window
 from airflow_eos.core.postgres_target import PostgresTarget
-from airflow_eos.core.source import KafkaLog, KafkaSource
+from airflow_eos.core.source import KafkaLog, KafkaSource, mirror_offsets
 from airflow_eos.core.windows import Window, WindowPlan
 from airflow_eos.hooks.eos import EosKafkaHook, EosPostgresHook, resolve_target
 from airflow_eos.spark.submit import stage_job_environment, stage_job_path
@@ -336,13 +333,3 @@ class EosAbortOperator(BaseOperator):
         else:
             self.log.info("window %s: no live attempt to abort", window)
         return [a.epoch for a in aborted]
-
-
-def mirror_offsets(kafka_config: dict, group_id: str, offsets) -> None:
-    """Commit the pipeline's offsets to a consumer group so lag tools see them."""
-    consumer = Consumer({**kafka_config, "group.id": group_id, "enable.auto.commit": False})
-    try:
-        consumer.commit(offsets=[KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
-                        asynchronous=False)
-    finally:
-        consumer.close()

@@ -575,16 +575,17 @@ def _diagnose(kafka_config: Mapping[str, Any], task: KafkaRangePartition, reache
 # --------------------------------------------------------------------------- the data source
 
 
-def _worker_logging() -> None:
-    """Python workers have no logging set up: send this module's INFO lines to
+def worker_logging() -> None:
+    """Python workers have no logging set up: send the package's INFO lines to
     stderr, which Spark copies into the executor (in local mode, the driver) log."""
-    if log.handlers or logging.getLogger().handlers:
+    package = logging.getLogger("airflow_eos")
+    if package.handlers or logging.getLogger().handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    package.propagate = False
 
 
 class KafkaRangeSource(DataSource):
@@ -617,7 +618,7 @@ class KafkaRangeReader(DataSourceReader):
         self.settings = settings
 
     def partitions(self) -> list[KafkaRangePartition]:
-        _worker_logging()
+        worker_logging()
         plan = self.settings.plan
         tasks = plan_tasks(plan, self.settings.max_records_per_task)
         log.info("reading plan of %s: %d ranges, %d tasks (max %d offsets per task)", plan.window,
@@ -629,7 +630,7 @@ class KafkaRangeReader(DataSourceReader):
         return tasks
 
     def read(self, partition: KafkaRangePartition) -> Iterator["pa.RecordBatch"]:
-        _worker_logging()
+        worker_logging()
         if not isinstance(partition, KafkaRangePartition):
             return  # an empty plan: Spark runs one task with InputPartition(None)
         if partition.start_offset >= partition.end_offset:

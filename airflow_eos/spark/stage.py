@@ -121,7 +121,7 @@ from airflow_eos.core.errors import (
 from airflow_eos.core.ledger import redact
 from airflow_eos.core.postgres_target import LINEAGE_COLUMNS, PostgresTarget, StagingWriter, parse_table_name
 from airflow_eos.core.windows import WindowPlan
-from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK, read_plan
+from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK, read_plan, worker_logging
 from airflow_eos.spark.kafka_source import register as register_kafka_source
 
 if TYPE_CHECKING:
@@ -416,19 +416,6 @@ class StageSettings:
             )
         except KeyError as exc:
             raise ConfigurationError(f"the {FORMAT_NAME} data source needs option {exc}; use run_stage") from None
-
-
-def _worker_logging() -> None:
-    """Python workers have no logging set up: send the package's INFO lines to
-    stderr, which Spark copies into the executor (in local mode, the driver) log."""
-    package = logging.getLogger("airflow_eos")
-    if package.handlers or logging.getLogger().handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    package.addHandler(handler)
-    package.setLevel(logging.INFO)
-    package.propagate = False
 
 
 def _connect(url: str, purpose: str) -> psycopg.Connection:
@@ -755,7 +742,7 @@ class StagingArrowWriter(DataSourceArrowWriter):
         self.settings = settings
 
     def write(self, iterator: Iterator["pa.RecordBatch"]) -> StagedTask:
-        _worker_logging()
+        worker_logging()
         task = _task_name()
         try:
             result = _TaskStager(self.settings, iterator).run()
@@ -768,11 +755,11 @@ class StagingArrowWriter(DataSourceArrowWriter):
         return result
 
     def commit(self, messages: list[StagedTask | None]) -> None:
-        _worker_logging()
+        worker_logging()
         commit_stage(self.settings, messages)
 
     def abort(self, messages: list[StagedTask | None]) -> None:
-        _worker_logging()
+        worker_logging()
         failed = sum(m is None for m in messages)
         reason = (f"stage job run {self.settings.run} failed: {failed} of {len(messages)} write task(s) failed"
                   if failed else f"stage job run {self.settings.run} failed at its job commit")

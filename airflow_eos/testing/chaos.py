@@ -76,7 +76,7 @@ from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest, plan_window
 from airflow_eos.core.postgres_target import STAGING_SCHEMA, PostgresTarget
-from airflow_eos.core.source import KafkaLog
+from airflow_eos.core.source import KafkaLog, mirror_offsets
 from airflow_eos.core.verify import VerifyReport, verify
 from airflow_eos.core.windows import TopicPartition, Window, WindowPlan, to_millis
 
@@ -351,19 +351,6 @@ def commit_step(p: Pipeline, attempt_dict: dict) -> dict:
 def abort_step(p: Pipeline, window: Window, reason: str = "aborted by the teardown") -> list[int]:
     """EosAbortOperator: abort every live attempt of the window."""
     return [a.epoch for a in p.target.abort_window(window, reason)]
-
-
-def mirror_offsets(kafka_config: Mapping[str, Any], group_id: str, offsets: Mapping[TopicPartition, int]) -> None:
-    """As airflow_eos.operators.eos.mirror_offsets (which imports Airflow)."""
-    from confluent_kafka import Consumer
-    from confluent_kafka import TopicPartition as KafkaTopicPartition
-
-    consumer = Consumer({**kafka_config, "group.id": group_id, "enable.auto.commit": False})
-    try:
-        consumer.commit(offsets=[KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
-                        asynchronous=False)
-    finally:
-        consumer.close()
 
 
 def mirrored_offsets(kafka_config: Mapping[str, Any], group_id: str,
