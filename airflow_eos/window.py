@@ -60,7 +60,8 @@ def exactly_once_window(
     :param source: KafkaSource(topics=[...], kafka_conn_id=...)
     :param target: PostgresTarget(table=..., postgres_conn_id=..., mode=..., on_committed=...)
     :param transform: ``"module:function"`` (DataFrame -> DataFrame) run in Spark
-    :param spark_conn_id: a ``spark`` connection: local mode or a cluster
+    :param spark_conn_id: a ``spark`` connection (spark-submit: local mode or a cluster) or a
+        ``spark_connect`` connection (the stage runs on that Spark Connect server)
     :param idle_partition_grace: how long a silent partition may hold the window open
     :param max_records_per_task: Kafka ranges wider than this are split over Spark tasks
     :param max_bad_records: records rejected into the dead-letter table before the window fails

@@ -158,13 +158,21 @@ class EosPlanWindowOperator(BaseSensorOperator):
 
 class EosSparkStageOperator(SparkSubmitOperator):
     """Open a new attempt of the window (fencing every older one) and run the
-    PySpark stage job for it through ``spark-submit``: read exactly the planned
-    ranges, apply the transform, stage the rows, write the checkpoint.
+    PySpark stage job for it: read exactly the planned ranges, apply the
+    transform, stage the rows, write the checkpoint.
 
-    Everything else is the Spark provider's SparkSubmitOperator: ``conn_id``
-    (a ``spark`` connection) chooses local mode or a cluster; ``conf``,
-    ``executor_memory``, ... pass through. Returns the attempt (XCom) for the
-    checkpoint sensor and the commit.
+    ``conn_id`` chooses where the job runs:
+
+    - a ``spark`` connection: ``spark-submit`` of the stage job, as the Spark
+      provider's SparkSubmitOperator does (local mode or a cluster; ``conf``,
+      ``executor_memory``, ... pass through). Each window pays a spark-submit and
+      a driver JVM start (~5–10 s, more on a busy machine);
+    - a ``spark_connect`` connection: the job runs on that Spark Connect
+      server's warm driver, this task being its client (no JVM in the Airflow
+      worker). The server needs airflow-eos installed for its Python workers;
+      ``conf`` is applied to the job's session (SQL settings only).
+
+    Returns the attempt (XCom) for the checkpoint sensor and the commit.
 
     :param plan: the plan task's XCom (templated)
     :param source: the window's KafkaSource
@@ -216,6 +224,9 @@ class EosSparkStageOperator(SparkSubmitOperator):
                       attempt, attempt.epoch, attempt.staging)
         kafka_config = {**EosKafkaHook(kafka_config_id=self.source.kafka_conn_id).kafka_config,
                         **self.source.reader_config}
+        if self._spark_connect_url is not None:
+            self._stage_on_spark_connect(plan, attempt, target, kafka_config)
+            return attempt.to_dict()
         self.application_args = [
             "--plan", plan.to_json(),
             "--attempt", json.dumps(attempt.to_dict()),
@@ -233,6 +244,43 @@ class EosSparkStageOperator(SparkSubmitOperator):
         super().execute(context)
         self.log.info("%s: stage job finished in %.1fs", attempt, time.monotonic() - started)
         return attempt.to_dict()
+
+    @cached_property
+    def _spark_connect_url(self) -> str | None:
+        """The Spark Connect URL when ``conn_id`` is a ``spark_connect`` connection."""
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+        if SparkConnectHook.get_connection(self._conn_id).conn_type != SparkConnectHook.conn_type:
+            return None
+        return SparkConnectHook(conn_id=self._conn_id).get_connection_url()
+
+    def _stage_on_spark_connect(self, plan: WindowPlan, attempt: Attempt, target: PostgresTarget,
+                                kafka_config: dict) -> None:
+        # pyspark only here: a spark-submit stage never loads it in the Airflow worker.
+        from airflow_eos.spark.session import spark_session, stop_session
+        from airflow_eos.spark.stage import run_stage
+
+        started = time.monotonic()
+        self._remote_session = spark_session(f"airflow-eos stage {attempt.pipeline} e{attempt.epoch}",
+                                             remote=self._spark_connect_url, conf=self.conf)
+        try:
+            report = run_stage(self._remote_session, plan, attempt, target, kafka_config, self.transform,
+                               max_records_per_task=self.max_records_per_task,
+                               max_bad_records=self.max_bad_records)
+        finally:
+            stop_session(self._remote_session)
+            self._remote_session = None
+        self.log.info("%s: staged on Spark Connect in %.1fs: %s", attempt, time.monotonic() - started, report)
+
+    def on_kill(self) -> None:
+        session = getattr(self, "_remote_session", None)
+        if session is None:
+            super().on_kill()
+            return
+        # The job runs on the server, not in this process: stop it there. Had it
+        # gone on, its checkpoint would be refused anyway (a newer attempt fences it).
+        self.log.info("interrupting the stage job on the Spark Connect server")
+        session.interruptAll()
 
 
 class EosCommitOperator(BaseOperator):

@@ -1,13 +1,17 @@
 """Building a SparkSession that can run this package's data source.
 
-Two situations:
+Three situations:
 
 - launched by ``spark-submit`` (or the ``pyspark`` shell): master and conf were
   given there and win; this only fills in what is missing and registers the source;
 - a plain Python process (tests, benchmarks, the demo): a local session with
   the settings this machine needs — loopback only (otherwise Spark binds a public
   interface), no UI, and Python workers running *this* interpreter (otherwise they
-  run the system python, which lacks the venv's packages).
+  run the system python, which lacks the venv's packages);
+- a client of a running Spark Connect server (``remote="sc://host:port"``): no
+  JVM here at all. The server's driver stays warm between windows, so a stage
+  pays neither spark-submit nor JVM start; its Python workers need airflow-eos
+  installed (the server's ``PYSPARK_PYTHON``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from airflow_eos.spark.kafka_source import register
 log = logging.getLogger(__name__)
 
 DEFAULT_LOCAL_MASTER = "local[2]"
+_CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
+_connect_sessions: set[int | None] = set()  # open Connect sessions; None: we set the mark
 _LOCAL_CONF = {
     "spark.ui.enabled": "false",
     # A local session has few cores; Spark's default of 200 shuffle partitions
@@ -53,13 +59,30 @@ def spark_session(
     *,
     master: str | None = None,
     conf: Mapping[str, Any] | None = None,
+    remote: str | None = None,
 ) -> SparkSession:
     """A SparkSession with the ``eos_kafka`` data source registered.
 
-    Under spark-submit, ``--master`` and ``--conf`` win over ``master`` and
-    ``conf`` given here; otherwise a local session (``local[2]`` unless ``master``
-    says otherwise) is built with ``conf`` applied over the local defaults.
+    With ``remote`` (a Spark Connect URL, ``sc://host:port/;params``): a new
+    session of that server (``conf`` is applied to it; ``master`` is the
+    server's). Under spark-submit, ``--master`` and ``--conf`` win over
+    ``master`` and ``conf`` given here; otherwise a local session (``local[2]``
+    unless ``master`` says otherwise) is built with ``conf`` applied over the
+    local defaults.
     """
+    if remote:
+        if not _connect_sessions and _CONNECT_MODE_ENV not in os.environ:
+            _connect_sessions.add(None)  # the mark is ours to remove (see stop_session)
+        # create(), not getOrCreate(): a session of our own, whose stop() ends
+        # only it, never another task's session of the same server.
+        spark = SparkSession.builder.remote(remote).create()
+        _connect_sessions.add(id(spark))
+        for key, value in (conf or {}).items():
+            spark.conf.set(key, str(value))
+        register(spark)
+        log.info("Spark %s session %r on Spark Connect server %s", spark.version, app_name,
+                 remote.split(";", 1)[0])  # the parameters may hold a token
+        return spark
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder
     if launched_by_spark_submit():
@@ -81,6 +104,11 @@ def spark_session(
     return spark
 
 
+def is_remote(spark: SparkSession) -> bool:
+    """A Spark Connect client session (no JVM in this process)?"""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def stop_session(spark: SparkSession, timeout: float = 15.0) -> None:
     """Stop the session and, if this process launched the JVM, the JVM too
     (with its Python workers), so tests and benchmarks leave no process behind.
@@ -88,6 +116,17 @@ def stop_session(spark: SparkSession, timeout: float = 15.0) -> None:
     from pyspark import SparkContext
 
     spark.stop()
+    if is_remote(spark):
+        # A Spark Connect session: the server and its JVM are not ours. pyspark
+        # marked the whole process as a Connect client (an environment variable,
+        # inherited by every child): without its last session, unmark it, or a
+        # spark-submit started from this process later (another task of a
+        # dag.test, a test suite) would fail with CONNECT_URL_NOT_SET.
+        _connect_sessions.discard(id(spark))
+        if _connect_sessions == {None}:
+            _connect_sessions.clear()
+            os.environ.pop(_CONNECT_MODE_ENV, None)
+        return
     gateway = SparkContext._gateway
     proc = getattr(gateway, "proc", None)
     if gateway is None or proc is None:

@@ -188,6 +188,87 @@ class EmbeddedBroker:
             os.unlink(self.logfile.name)
 
 
+# --------------------------------------------------------------------------- Spark Connect
+
+
+SPARK_CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+class SparkConnectServer:
+    """A local Spark Connect server (``local[N]``): one warm driver JVM that stage
+    tasks connect to (``sc://127.0.0.1:port``) instead of each paying a
+    spark-submit and a JVM start. Its Python workers run this interpreter, so
+    they have airflow-eos. Listens on 127.0.0.1 only, no web UI.
+    """
+
+    def __init__(self, master: str = "local[2]", conf: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        import sys
+
+        self.port = free_port()
+        self.master = master
+        self.conf = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4",
+            **(conf or {}),
+        }
+        self.spark_submit = Path(sys.executable).with_name("spark-submit")
+        self.python = sys.executable
+        self.env = env or {}  # for the driver and its Python workers (e.g. EOS_FAULTS in tests)
+        self.logfile = tempfile.NamedTemporaryFile(prefix="eos-spark-connect-", suffix=".log", delete=False)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        conf = [arg for key, value in self.conf.items() for arg in ("--conf", f"{key}={value}")]
+        return [str(self.spark_submit), "--class", SPARK_CONNECT_SERVER_CLASS, "--name", "airflow-eos Spark Connect",
+                "--master", self.master, *conf, "spark-internal"]
+
+    def start(self, timeout: float = 120.0) -> "SparkConnectServer":
+        env = {**os.environ, "PYSPARK_PYTHON": self.python, "SPARK_LOCAL_IP": "127.0.0.1", **self.env}
+        started = time.monotonic()
+        # A session of its own: stop() ends the JVM and the Python daemon and workers it started.
+        self.proc = subprocess.Popen(self.command(), stdout=self.logfile, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        try:
+            _wait_for_port(self.port, timeout, self.proc)
+        except (RuntimeError, TimeoutError) as exc:
+            self.stop()
+            tail = Path(self.logfile.name).read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"Spark Connect server did not start: {exc}\n{tail}") from exc
+        self.start_seconds = time.monotonic() - started
+        log.info("Spark Connect server on %s (%s) started in %.1fs; log %s", self.url, self.master,
+                 self.start_seconds, self.logfile.name)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # Python workers left behind by the JVM
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def __enter__(self) -> "SparkConnectServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        with contextlib.suppress(OSError):
+            os.unlink(self.logfile.name)
+
+
 # --------------------------------------------------------------------------- entry points
 
 
@@ -206,6 +287,17 @@ def postgres_service() -> Iterator[ServiceHandle]:
         yield ServiceHandle(external)
         return
     with PostgresServer() as server:
+        yield ServiceHandle(server.url, server)
+
+
+@contextlib.contextmanager
+def spark_connect_service(master: str = "local[2]") -> Iterator[ServiceHandle]:
+    """``EOS_SPARK_REMOTE`` (an ``sc://`` URL) if set, else a local server."""
+    external = os.environ.get("EOS_SPARK_REMOTE")
+    if external:
+        yield ServiceHandle(external)
+        return
+    with SparkConnectServer(master) as server:
         yield ServiceHandle(server.url, server)
 
 

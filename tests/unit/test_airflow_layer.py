@@ -122,3 +122,15 @@ def test_importing_the_package_does_not_import_airflow():
     code = "import sys, airflow_eos, airflow_eos.core.plan; print('airflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_stage_runs_on_spark_connect_when_its_connection_is_a_spark_connect_one(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_SC_T", json.dumps(
+        {"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15002, "password": "s3cret"}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_T", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+
+    def stage(conn_id):
+        return EosSparkStageOperator(task_id=f"s_{conn_id}", plan={}, source=SOURCE, target=TARGET, conn_id=conn_id)
+
+    assert stage("sc_t")._spark_connect_url == "sc://127.0.0.1:15002/;token=s3cret"
+    assert stage("spark_t")._spark_connect_url is None  # spark-submit, as before

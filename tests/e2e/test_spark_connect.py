@@ -1,0 +1,82 @@
+"""The stage on a Spark Connect server: the same example DAG through real Airflow
+(dag.test), with ``spark_default`` a ``spark_connect`` connection to a real local
+server (one warm driver JVM for the module) instead of a spark-submit per window.
+Exactly-once is shown by lineage, as for spark-submit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_eos.testing.services import SparkConnectServer
+
+from conftest import run_window, states  # tests/e2e/conftest.py
+from test_orders_dag import (  # noqa: F401 - run_after is a fixture
+    HOUR, T0, audit, fresh_topic, load_dag, produce_orders, run_after, sql, window_date)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def connect_server():
+    with SparkConnectServer("local[2]") as server:
+        yield server
+
+
+def use_spark_connect(monkeypatch, server: SparkConnectServer) -> None:
+    """spark_default becomes a spark_connect connection; spark-submit may not run."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
+        {"conn_type": "spark_connect", "host": "127.0.0.1", "port": server.port}))
+
+    def no_spark_submit(*args, **kwargs):
+        raise AssertionError("the stage ran spark-submit, not the Spark Connect server")
+
+    monkeypatch.setattr(SparkSubmitHook, "submit", no_spark_submit)
+
+
+def test_consecutive_windows_on_spark_connect_publish_every_record_once(
+        airflow_connections, kafka_config, topics, connect_server, monkeypatch, run_after):
+    pg_url = airflow_connections
+    use_spark_connect(monkeypatch, connect_server)
+    fresh_topic(topics, "orders")
+    counts = produce_orders(topics, hours=3)
+    dag = load_dag("orders_hourly")
+
+    for h in range(3):
+        run = run_window(dag, window_date(h), run_after(h))
+        assert run.state == "success", states(run)
+
+    report = audit(pg_url, kafka_config)
+    assert report.committed_windows == 3
+    by_window = {w.window_start: w for w in report.windows}
+    for h in range(3):
+        w = by_window[T0 + h * HOUR]
+        assert (w.published_rows, w.dead_letters) == (counts["good"][h], counts["bad"][h])
+        assert (w.duplicates, w.missing, w.extra) == (0, 0, 0)
+    assert sql(pg_url, "SELECT epoch, state FROM eos.attempts ORDER BY window_start") == [(1, "committed")] * 3
+    assert dict(sql(pg_url, 'SELECT partition, "offset" FROM eos.partition_offsets')) == {p: 300 for p in range(4)}
+
+
+def test_a_stage_failing_on_the_server_is_retried_and_commits_once(
+        airflow_connections, kafka_config, topics, monkeypatch, tmp_path, run_after):
+    """A write task on the server fails once (fault point in the server's Python
+    workers): the job fails, the try's attempt is fenced and aborted, the retry
+    stages again on the same server and commits; every record once."""
+    pg_url = airflow_connections
+    fresh_topic(topics, "orders")
+    counts = produce_orders(topics, hours=1)
+    faults = {"EOS_FAULTS": "stage.mid_write=raise*1", "EOS_FAULTS_STATE": str(tmp_path)}
+    with SparkConnectServer("local[2]", env=faults) as server:
+        use_spark_connect(monkeypatch, server)
+        run = run_window(load_dag("orders_hourly"), window_date(0), run_after(0))
+    assert run.state == "success", states(run)
+    stage = next(ti for ti in run.get_task_instances() if ti.task_id == "window.stage")
+    assert stage.try_number == 2
+    assert sql(pg_url, "SELECT epoch, state FROM eos.attempts ORDER BY epoch") == [(1, "aborted"), (2, "committed")]
+    assert sql(pg_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'eos_staging'") == [(0,)]
+    report = audit(pg_url, kafka_config)
+    (w,) = report.windows
+    assert (w.published_rows, w.dead_letters) == (counts["good"][0], counts["bad"][0])
