@@ -774,6 +774,8 @@ def main(argv: list[str] | None = None) -> int:
         "overhead_vs_at_least_once_1m": big["ratios"]["overhead_vs_at_least_once"],
         "commit_1m_seconds": big["exactly_once"]["commit_core_s"],
         "commit_1m_task_seconds": big["exactly_once"]["phases_s"]["commit"],
+        "e2e_over_ceiling_1m_spark_submit": big["ratios"]["e2e_over_ceiling_submit"],
+        "speedup_spark_connect_over_spark_submit_1m": big["ratios"]["speedup_connect_over_submit"],
         "small_window_latency_s": small["exactly_once"]["window_s"],
         "stage_peak_rss_bytes_1m": big["exactly_once"]["stage_peak_rss_bytes"],
     })
@@ -838,7 +840,7 @@ def render_markdown(res: dict) -> str:
            f"- commit (publish) of the 1M staged rows: **{res['commit_1m_seconds']:.2f} s** in the core "
            f"(commit task {res['commit_1m_task_seconds']:.2f} s) (target ≤ 2 s)\n",
            f"- small window (10k) latency, plan start → commit end: **{res['small_window_latency_s']:.1f} s**\n",
-           f"- peak RSS of the stage job's process tree (1M): **{res['stage_peak_rss_bytes_1m'] / 2**20:,.0f} MiB**\n",
+           f"- peak RSS of the Spark process tree running the stage (the Spark Connect server) (1M): **{res['stage_peak_rss_bytes_1m'] / 2**20:,.0f} MiB**\n",
            "\n## 1. Ceilings (same run)\n\n", head,
            row("raw confluent-kafka consume, one consumer per core", lambda r: rate(r["ceiling_consume"]["records_per_s"])),
            row("raw PostgreSQL COPY of the transformed rows, one connection per core",

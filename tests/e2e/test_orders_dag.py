@@ -92,7 +92,11 @@ def window_date(h: int) -> datetime:
 
 
 def test_consecutive_windows_publish_every_record_once(airflow_connections, kafka_config, topics, run_after):
-    pg_url = airflow_connections
+    three_consecutive_windows_publish_every_record_once(airflow_connections, kafka_config, topics, run_after)
+
+
+def three_consecutive_windows_publish_every_record_once(pg_url, kafka_config, topics, run_after) -> None:
+    """Three hourly windows of the example DAG, each run once: audited by lineage."""
     fresh_topic(topics, "orders")
     counts = produce_orders(topics, hours=3)
     dag = load_dag("orders_hourly")

@@ -13,7 +13,8 @@ from airflow_eos.testing.services import SparkConnectServer
 
 from conftest import run_window, states  # tests/e2e/conftest.py
 from test_orders_dag import (  # noqa: F401 - run_after is a fixture
-    HOUR, T0, audit, fresh_topic, load_dag, produce_orders, run_after, sql, window_date)
+    audit, fresh_topic, load_dag, produce_orders, run_after, sql, three_consecutive_windows_publish_every_record_once,
+    window_date)
 
 pytestmark = pytest.mark.slow
 
@@ -39,25 +40,9 @@ def use_spark_connect(monkeypatch, server: SparkConnectServer) -> None:
 
 def test_consecutive_windows_on_spark_connect_publish_every_record_once(
         airflow_connections, kafka_config, topics, connect_server, monkeypatch, run_after):
-    pg_url = airflow_connections
     use_spark_connect(monkeypatch, connect_server)
-    fresh_topic(topics, "orders")
-    counts = produce_orders(topics, hours=3)
-    dag = load_dag("orders_hourly")
-
-    for h in range(3):
-        run = run_window(dag, window_date(h), run_after(h))
-        assert run.state == "success", states(run)
-
-    report = audit(pg_url, kafka_config)
-    assert report.committed_windows == 3
-    by_window = {w.window_start: w for w in report.windows}
-    for h in range(3):
-        w = by_window[T0 + h * HOUR]
-        assert (w.published_rows, w.dead_letters) == (counts["good"][h], counts["bad"][h])
-        assert (w.duplicates, w.missing, w.extra) == (0, 0, 0)
-    assert sql(pg_url, "SELECT epoch, state FROM eos.attempts ORDER BY window_start") == [(1, "committed")] * 3
-    assert dict(sql(pg_url, 'SELECT partition, "offset" FROM eos.partition_offsets')) == {p: 300 for p in range(4)}
+    three_consecutive_windows_publish_every_record_once(airflow_connections, kafka_config, topics, run_after)
+    assert sql(airflow_connections, "SELECT epoch, state FROM eos.attempts") == [(1, "committed")] * 3
 
 
 def test_a_stage_failing_on_the_server_is_retried_and_commits_once(
