@@ -15,7 +15,7 @@ SERVICES = COMPOSE["services"]
 
 def test_the_deployment_has_every_service():
     assert {"kafka", "postgres", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
-            "airflow-triggerer", "spark-master", "spark-worker"} <= set(SERVICES)
+            "airflow-triggerer", "spark-master", "spark-worker", "spark-connect"} <= set(SERVICES)
 
 
 def test_every_published_port_is_bound_to_loopback():
@@ -48,5 +48,8 @@ def test_airflow_services_get_the_three_connections():
     assert json.loads(env["AIRFLOW_CONN_KAFKA_DEFAULT"])["extra"]["bootstrap.servers"] == "kafka:9092"
     assert env["AIRFLOW_CONN_POSTGRES_DEFAULT"].startswith("postgresql://")
     assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])["conn_type"] == "spark"
+    connect = json.loads(env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+    assert connect["conn_type"] == "spark_connect" and connect["host"] in SERVICES
+    assert f"binding.port={connect['port']}" in " ".join(SERVICES["spark-connect"]["command"])
     for name in ("airflow-api-server", "airflow-dag-processor", "airflow-triggerer"):
         assert SERVICES[name]["environment"] == env
