@@ -13,7 +13,7 @@ from airflow_eos.testing.services import SparkConnectServer
 
 from conftest import run_window, states  # tests/e2e/conftest.py
 from test_orders_dag import (  # noqa: F401 - run_after is a fixture
-    audit, fresh_topic, load_dag, produce_orders, run_after, sql, three_consecutive_windows_publish_every_record_once,
+    HOUR, T0, audit, fresh_topic, load_dag, produce_orders, run_after, sql, three_consecutive_windows_publish_every_record_once,
     window_date)
 
 pytestmark = pytest.mark.slow
@@ -65,3 +65,46 @@ def test_a_stage_failing_on_the_server_is_retried_and_commits_once(
     report = audit(pg_url, kafka_config)
     (w,) = report.windows
     assert (w.published_rows, w.dead_letters) == (counts["good"][0], counts["bad"][0])
+
+
+def test_too_many_bad_records_on_the_server_fail_with_a_clear_error_and_leave_nothing(
+        pg_url, kafka_config, topics, connect_server):
+    """run_stage as the stage operator calls it on Spark Connect: the job fails on
+    the server (8 malformed orders, max_bad_records=0); the client's error names
+    the cause, the attempt is aborted, its staging dropped, nothing published."""
+    import psycopg
+
+    from airflow_eos.core.ledger import Ledger
+    from airflow_eos.core.postgres_target import PostgresTarget
+    from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
+    from airflow_eos.examples.transforms import ORDERS_TABLE_DDL
+    from airflow_eos.spark.session import spark_session, stop_session
+    from airflow_eos.spark.stage import StageFailed, run_stage
+
+    fresh_topic(topics, "orders")
+    counts = produce_orders(topics, hours=1)  # 400 orders, 100 a partition, then one late record each
+    assert counts["bad"][0] == 8
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(ORDERS_TABLE_DDL)
+    ledger = Ledger(pg_url)
+    ledger.migrate()
+    plan = WindowPlan(Window("orders_hourly", T0, T0 + HOUR), tuple(PartitionRange("orders", p, 0, 100) for p in range(4)))
+    with ledger.connect() as conn, conn.transaction():
+        ledger.lock_pipeline(conn, plan.pipeline)
+        ledger.freeze(conn, plan, [])
+    target = PostgresTarget(pg_url, "analytics.orders")
+    attempt = target.begin(plan.window)
+
+    spark = spark_session("eos-test-connect-bad-records", remote=connect_server.url)
+    try:
+        with pytest.raises(StageFailed) as failed:
+            run_stage(spark, plan, attempt, target, kafka_config, "airflow_eos.examples.transforms:orders",
+                      max_bad_records=0)
+    finally:
+        stop_session(spark)
+    message = str(failed.value)
+    assert "attempt aborted, staging dropped" in message, message
+    assert "TooManyBadRecords" in message and "malformed order" in message, message
+    assert sql(pg_url, "SELECT state FROM eos.attempts") == [("aborted",)]
+    assert sql(pg_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'eos_staging'") == [(0,)]
+    assert sql(pg_url, "SELECT count(*) FROM analytics.orders") == [(0,)]
