@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -47,15 +48,27 @@ def _wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = No
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
-def _stop_process(proc: subprocess.Popen, grace: float = 3.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+def _stop_process(proc: subprocess.Popen, grace: float = 3.0, *, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds. ``group``: ``proc`` leads a
+    session of its own (``start_new_session``): signal its whole process group,
+    and kill what is left of the group once the leader has exited."""
+
+    def send(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+
+    if proc.poll() is None:
+        send(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            send(signal.SIGKILL)
+            proc.wait(timeout=10)
+    if group:
+        send(signal.SIGKILL)  # children that outlived the leader
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -203,8 +216,6 @@ class SparkConnectServer:
 
     def __init__(self, master: str = "local[2]", conf: dict[str, str] | None = None,
                  env: dict[str, str] | None = None) -> None:
-        import sys
-
         self.port = free_port()
         self.master = master
         self.conf = {
@@ -232,7 +243,7 @@ class SparkConnectServer:
     def start(self, timeout: float = 120.0) -> "SparkConnectServer":
         env = {**os.environ, "PYSPARK_PYTHON": self.python, "SPARK_LOCAL_IP": "127.0.0.1", **self.env}
         started = time.monotonic()
-        # A session of its own: stop() ends the JVM and the Python daemon and workers it started.
+        # A session of its own, so that stop() signals every process in it.
         self.proc = subprocess.Popen(self.command(), stdout=self.logfile, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         try:
@@ -247,18 +258,10 @@ class SparkConnectServer:
         return self
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):  # Python workers left behind by the JVM
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc is not None:
+            # spark-submit's process group: the JVM; PySpark's Python daemon (a group of its
+            # own) and its workers exit when the JVM closes their stdin.
+            _stop_process(self.proc, grace=15.0, group=True)
 
     def __enter__(self) -> "SparkConnectServer":
         return self.start()
@@ -287,17 +290,6 @@ def postgres_service() -> Iterator[ServiceHandle]:
         yield ServiceHandle(external)
         return
     with PostgresServer() as server:
-        yield ServiceHandle(server.url, server)
-
-
-@contextlib.contextmanager
-def spark_connect_service(master: str = "local[2]") -> Iterator[ServiceHandle]:
-    """``EOS_SPARK_REMOTE`` (an ``sc://`` URL) if set, else a local server."""
-    external = os.environ.get("EOS_SPARK_REMOTE")
-    if external:
-        yield ServiceHandle(external)
-        return
-    with SparkConnectServer(master) as server:
         yield ServiceHandle(server.url, server)
 
 
