@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LOCAL_MASTER = "local[2]"
 _CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
-_connect_sessions: set[int | None] = set()  # open Connect sessions; None: we set the mark
+_connect_sessions: set[int] = set()  # ids of the Spark Connect sessions spark_session() opened
+_connect_mark_is_ours = False  # pyspark set _CONNECT_MODE_ENV for our first open session
 _LOCAL_CONF = {
     "spark.ui.enabled": "false",
     # A local session has few cores; Spark's default of 200 shuffle partitions
@@ -71,8 +72,9 @@ def spark_session(
     local defaults.
     """
     if remote:
-        if not _connect_sessions and _CONNECT_MODE_ENV not in os.environ:
-            _connect_sessions.add(None)  # the mark is ours to remove (see stop_session)
+        global _connect_mark_is_ours
+        if not _connect_sessions:
+            _connect_mark_is_ours = _CONNECT_MODE_ENV not in os.environ  # see stop_session
         # create(), not getOrCreate(): a session of our own, whose stop() ends
         # only it, never another task's session of the same server.
         spark = SparkSession.builder.remote(remote).create()
@@ -123,8 +125,7 @@ def stop_session(spark: SparkSession, timeout: float = 15.0) -> None:
         # spark-submit started from this process later (another task of a
         # dag.test, a test suite) would fail with CONNECT_URL_NOT_SET.
         _connect_sessions.discard(id(spark))
-        if _connect_sessions == {None}:
-            _connect_sessions.clear()
+        if not _connect_sessions and _connect_mark_is_ours:
             os.environ.pop(_CONNECT_MODE_ENV, None)
         return
     gateway = SparkContext._gateway
