@@ -126,13 +126,19 @@ def test_stage_failing_on_its_first_try_is_retried_and_commits_once(
     monkeypatch.setenv("EOS_FAULTS_STATE", str(tmp_path))
 
     run = run_window(load_dag("orders_hourly"), window_date(0), run_after(0))
+    stage_retried_once_then_committed(run, pg_url, kafka_config)
+
+
+def stage_retried_once_then_committed(run, pg_url, kafka_config):
+    """The run succeeded on the stage's second try: the failed try's attempt was
+    fenced, then aborted by the teardown, the retry committed, no staging is
+    left, and the audit is clean. Returns the audit."""
     assert run.state == "success", states(run)
     stage = next(ti for ti in run.get_task_instances() if ti.task_id == "window.stage")
     assert stage.try_number == 2
-    # the failed try's attempt was fenced, then aborted by the teardown; the retry committed
     assert sql(pg_url, "SELECT epoch, state FROM eos.attempts ORDER BY epoch") == [(1, "aborted"), (2, "committed")]
     assert sql(pg_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'eos_staging'") == [(0,)]
-    audit(pg_url, kafka_config)
+    return audit(pg_url, kafka_config)
 
 
 def test_failure_after_staging_fails_the_run_and_a_clear_reruns_it_exactly_once(

@@ -11,10 +11,10 @@ import pytest
 
 from airflow_eos.testing.services import SparkConnectServer
 
-from conftest import run_window, states  # tests/e2e/conftest.py
+from conftest import run_window  # tests/e2e/conftest.py
 from test_orders_dag import (  # noqa: F401 - run_after is a fixture
-    HOUR, T0, audit, fresh_topic, load_dag, produce_orders, run_after, sql, three_consecutive_windows_publish_every_record_once,
-    window_date)
+    HOUR, T0, fresh_topic, load_dag, produce_orders, run_after, sql, stage_retried_once_then_committed,
+    three_consecutive_windows_publish_every_record_once, window_date)
 
 pytestmark = pytest.mark.slow
 
@@ -57,12 +57,7 @@ def test_a_stage_failing_on_the_server_is_retried_and_commits_once(
     with SparkConnectServer("local[2]", env=faults) as server:
         use_spark_connect(monkeypatch, server)
         run = run_window(load_dag("orders_hourly"), window_date(0), run_after(0))
-    assert run.state == "success", states(run)
-    stage = next(ti for ti in run.get_task_instances() if ti.task_id == "window.stage")
-    assert stage.try_number == 2
-    assert sql(pg_url, "SELECT epoch, state FROM eos.attempts ORDER BY epoch") == [(1, "aborted"), (2, "committed")]
-    assert sql(pg_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'eos_staging'") == [(0,)]
-    report = audit(pg_url, kafka_config)
+    report = stage_retried_once_then_committed(run, pg_url, kafka_config)
     (w,) = report.windows
     assert (w.published_rows, w.dead_letters) == (counts["good"][0], counts["bad"][0])
 
