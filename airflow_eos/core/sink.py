@@ -87,7 +87,13 @@ class Sink(ABC):
         checkpoint = attempts.make_checkpoint(consumed, chunks)
         with self.ledger.connect() as conn, conn.transaction():
             attempts.write_checkpoint(conn, attempt, checkpoint)
+            self.seal(conn, attempt, checkpoint)
         return checkpoint
+
+    def seal(self, conn, attempt: Attempt, checkpoint: Checkpoint) -> None:
+        """Make the staging ready to publish, in the checkpoint's transaction
+        (so a seal that fails leaves no checkpoint, and the stage fails): work
+        that would otherwise weigh on the commit. Nothing by default."""
 
     def prepare(self, attempt: Attempt) -> Readiness:
         """The barrier: see :func:`airflow_eos.core.attempt.prepare`."""

@@ -347,7 +347,7 @@ class _Audit:
             "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (oid,))}
         if not all(c in columns for c in WINDOW_COLUMNS):
             raise TargetError(f"target table {self.table} has no columns {' and '.join(WINDOW_COLUMNS)}: verify "
-                              "needs each row's window (mode 'replace_window') to audit it")
+                              "needs each row's window (modes 'replace_window', 'partition_per_window') to audit it")
         if self.count_column is not None and self.count_column not in columns:
             raise TargetError(f"target table {self.table} has no column {self.count_column!r} (count_column)")
         self.lineage = all(c in columns for c in LINEAGE_COLUMNS)

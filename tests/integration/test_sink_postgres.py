@@ -24,7 +24,7 @@ from airflow_eos.core.errors import (
     TargetError,
     WindowNotPlanned,
 )
-from airflow_eos.core.postgres_target import PostgresTarget, StagingWriter
+from airflow_eos.core.postgres_target import PARTITION_PER_WINDOW, PostgresTarget, StagingWriter
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED
 from airflow_eos.core.windows import TopicPartition, Window
 
@@ -51,10 +51,19 @@ def execute(url, statement, params=None):
         return cur.fetchall() if cur.description else None
 
 
-@pytest.fixture
-def orders(pg_url, ledger):
-    execute(pg_url, ORDERS_DDL)
-    return PostgresTarget(pg_url, "analytics.orders")
+def orders_ddl(mode):
+    """ORDERS_DDL, partitioned by window in mode partition_per_window."""
+    if mode == PARTITION_PER_WINDOW:
+        return ORDERS_DDL.replace("\n    );", "\n    ) PARTITION BY RANGE (eos_window_start);")
+    return ORDERS_DDL
+
+
+@pytest.fixture(params=["replace_window", PARTITION_PER_WINDOW])
+def orders(pg_url, ledger, request):
+    """The orders target in each publishing mode: every test of the window's
+    life below runs against both."""
+    execute(pg_url, orders_ddl(request.param))
+    return PostgresTarget(pg_url, "analytics.orders", mode=request.param)
 
 
 def records(plan, version=1):
@@ -290,7 +299,7 @@ def test_racing_commits_publish_exactly_once(pg_url, orders, freeze_windows):
     attempt = stage(orders, plan)
     with psycopg.connect(pg_url) as gate:  # hold the window row so both commits queue up behind it
         gate.execute("SELECT 1 FROM eos.windows FOR UPDATE")
-        racers = [Background(PostgresTarget(pg_url, "analytics.orders").commit, attempt) for _ in range(2)]
+        racers = [Background(PostgresTarget(pg_url, "analytics.orders", mode=orders.mode).commit, attempt) for _ in range(2)]
         wait_for_commits_blocked(pg_url, count=2)
         gate.rollback()
     outcomes = sorted(r.outcome(timeout=20)[0].outcome for r in racers)
@@ -386,9 +395,10 @@ def test_checkpoint_must_cover_the_plan(pg_url, orders, freeze_windows):
 # --------------------------------------------------------------------------- reruns
 
 
-def test_replace_rerun_swaps_the_window_atomically_for_readers(pg_url, ledger, freeze_windows):
-    execute(pg_url, ORDERS_DDL)
-    target = PostgresTarget(pg_url, "analytics.orders", on_committed="replace")
+@pytest.mark.parametrize("mode", ["replace_window", PARTITION_PER_WINDOW])
+def test_replace_rerun_swaps_the_window_atomically_for_readers(pg_url, ledger, freeze_windows, mode):
+    execute(pg_url, orders_ddl(mode))
+    target = PostgresTarget(pg_url, "analytics.orders", mode=mode, on_committed="replace")
     [w0, w1] = freeze_windows("p", [0, 1])
     assert [target.commit(stage(target, plan)).outcome for plan in (w0, w1)] == [PUBLISHED, PUBLISHED]
     old = expected_rows(w0, version=1)
@@ -420,7 +430,12 @@ def test_replace_rerun_swaps_the_window_atomically_for_readers(pg_url, ledger, f
         wait_for_commits_blocked(pg_url)
         paused_at = len(seen)
         time.sleep(0.2)
-        assert len(seen) > paused_at  # the reader read while the commit was midway
+        if mode == "replace_window":
+            assert len(seen) > paused_at  # the reader read while the commit was midway
+        else:  # dropping the window's old partition locks the table: readers wait for the commit
+            assert len(seen) <= paused_at + 1
+            assert execute(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                   " AND query LIKE 'SELECT id, amount, note%%'") == [(1,)]
         gate.rollback()
         result, error = commit.outcome()
     time.sleep(0.05)
@@ -501,7 +516,7 @@ def test_concurrent_commits_of_neighbouring_windows_leave_the_whole_prefix(pg_ur
     attempts = [stage(orders, plan) for plan in plans]
     with psycopg.connect(pg_url) as gate:
         gate.execute("SELECT 1 FROM eos.pipelines FOR UPDATE")
-        commits = [Background(PostgresTarget(pg_url, "analytics.orders").commit, a) for a in attempts]
+        commits = [Background(PostgresTarget(pg_url, "analytics.orders", mode=orders.mode).commit, a) for a in attempts]
         wait_for_commits_blocked(pg_url, count=2)  # both windows published, offsets not yet computed
         gate.rollback()
         results = [c.outcome()[0] for c in commits]
@@ -551,14 +566,19 @@ def test_sweep_aborts_attempts_left_open_too_long(pg_url, orders, freeze_windows
 # --------------------------------------------------------------------------- target problems
 
 
-def test_hostile_identifiers_are_quoted_never_executed(pg_url, ledger, freeze_windows):
+@pytest.mark.parametrize("mode", ["replace_window", PARTITION_PER_WINDOW])
+def test_hostile_identifiers_are_quoted_never_executed(pg_url, ledger, freeze_windows, mode):
     # '%' too: psycopg would read it as a placeholder if the sink mixed names with parameters
     schema, table = 'we"ird; DROP TABLE eos.windows; --', "Or'ders\"; DROP SCHEMA eos CASCADE; --%s %(x)s"
     execute(pg_url, sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)).as_string(None))
-    execute(pg_url, sql.SQL("CREATE TABLE {} (note text, eos_pipeline text, eos_window_start timestamptz)")
-            .format(sql.Identifier(schema, table)).as_string(None))
+    partitioned = " PARTITION BY RANGE (eos_window_start)" if mode == PARTITION_PER_WINDOW else ""
+    execute(pg_url, sql.SQL("CREATE TABLE {} (note text, eos_pipeline text, eos_window_start timestamptz)"
+                            + partitioned).format(sql.Identifier(schema, table)).as_string(None))
+    # an index the partition must mirror, on a hostile table in a hostile schema
+    execute(pg_url, sql.SQL("CREATE INDEX {} ON {} (note)").format(
+        sql.Identifier("i'dx\" --%s"), sql.Identifier(schema, table)).as_string(None))
     quoted = '"' + schema.replace('"', '""') + '"."' + table.replace('"', '""') + '"'
-    target = PostgresTarget(pg_url, quoted)
+    target = PostgresTarget(pg_url, quoted, mode=mode)
     pipeline = "orders'); DROP TABLE eos.attempts; --\"x"
     [plan] = freeze_windows(pipeline, [0])
     attempt = target.begin(plan.window)
@@ -605,7 +625,9 @@ def test_wrong_column_types_fail_clearly_and_keep_staging_until_abort(pg_url, or
     orders.checkpoint(attempt, consumed(plan), [writer.write([b]) for b in records(plan)])
     orders.prepare(attempt)
     execute(pg_url, "ALTER TABLE analytics.orders ALTER COLUMN note TYPE integer USING NULL")
-    with pytest.raises(TargetError, match=r'column "note" is of type integer but expression is of type text'):
+    refusal = {"replace_window": r'column "note" is of type integer but expression is of type text',
+               PARTITION_PER_WINDOW: r'child table ".*" has different type for column "note"'}[orders.mode]
+    with pytest.raises(TargetError, match=refusal):
         orders.commit(attempt)
     assert published(pg_url) == []
     assert execute(pg_url, f"SELECT count(*) FROM eos_staging.{attempt.staging}") == [(10,)]
@@ -665,3 +687,124 @@ def test_windows_planned_from_kafka_publish_each_record_once(pg_url, ledger, ord
     assert rows == [(0, 0, T0), (0, 1, T0), (0, 2, T0 + hour), (0, 3, T0 + hour),
                     (1, 0, T0), (1, 1, T0 + hour), (1, 2, T0 + hour), (1, 3, T0 + hour)]
     assert offsets(pg_url, "kafka_orders") == {TopicPartition(topic, 0): 4, TopicPartition(topic, 1): 4}
+
+
+# --------------------------------------------------------------------------- partition_per_window
+
+
+PARTITIONED_ORDERS_DDL = orders_ddl(PARTITION_PER_WINDOW) + """
+    ALTER TABLE analytics.orders ADD CONSTRAINT orders_lineage UNIQUE (eos_topic, eos_partition, eos_offset,
+                                                                        eos_window_start),
+                                 ADD CHECK (amount >= 0);
+    CREATE INDEX orders_note ON analytics.orders (note);
+"""
+
+
+@pytest.fixture
+def partitioned_orders(pg_url, ledger):
+    """The orders target partitioned by window, with a unique lineage
+    constraint, a CHECK and a plain index the partitions must carry."""
+    execute(pg_url, PARTITIONED_ORDERS_DDL)
+    return PostgresTarget(pg_url, "analytics.orders", mode=PARTITION_PER_WINDOW)
+
+
+def relation(url, name):
+    """(filenode, schema, table) of a relation by name, None if there is none."""
+    rows = execute(url, "SELECT pg_relation_filenode(c.oid), n.nspname, c.relname FROM pg_class c"
+                        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)", (name,))
+    return rows[0] if rows else None
+
+
+def test_partition_per_window_attaches_the_sealed_staging_without_copying_a_row(pg_url, partitioned_orders, freeze_windows):
+    target = partitioned_orders
+    [plan] = freeze_windows("p", [0])
+    attempt = target.begin(plan.window)
+    writer = target.writer(attempt)
+    assert writer.columns == ("id", "amount", "note", "created", "eos_topic", "eos_partition", "eos_offset")
+    batches = records(plan)
+    listed = [writer.write([b]) for b in batches]
+    writer.write([batches[0]])  # a speculative duplicate Spark discarded: would break the unique index
+    target.checkpoint(attempt, consumed(plan), listed)  # the seal removes it, then builds the indexes
+
+    staging = f"eos_staging.{attempt.staging}"
+    indexes = execute(pg_url, "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = %s::regclass"
+                              " ORDER BY 1", (staging,))
+    assert indexes == [(f"eos_staging.{attempt.staging}_i1",), (f"eos_staging.{attempt.staging}_i2",)]
+    assert execute(pg_url, f"SELECT count(*) FROM {staging}") == [(10,)]
+    # Tasks of this attempt staging after the seal: a copy of a checkpointed chunk
+    # hits the unique index; other rows are staged but never checkpointed.
+    with pytest.raises(TargetError, match="duplicate key value violates unique constraint"):
+        writer.write([batches[1]])
+    writer.write([batches[1].set_column(6, "eos_offset", pa.array(range(100, 105), pa.int64()))])
+    assert target.prepare(attempt).prepared
+    filenode = relation(pg_url, staging)[0]
+
+    result = target.commit(attempt)
+    assert (result.outcome, result.published_rows) == (PUBLISHED, 10)
+    assert published(pg_url) == expected_rows(plan)
+    # The staging itself became the window's partition: same file, no row copied.
+    assert relation(pg_url, staging) is None
+    assert relation(pg_url, f"analytics.{attempt.staging}") == (filenode, "analytics", attempt.staging)
+    assert execute(pg_url, "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+                           " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'analytics.orders'::regclass"
+                           " AND c.relkind = 'r'") == [
+        (attempt.staging, "FOR VALUES FROM ('2024-01-01 00:00:00+00') TO ('2024-01-01 01:00:00+00')")]
+    # Its indexes are the seal's, attached to the target's; no sink column or constraint is left.
+    assert execute(pg_url, "SELECT i.inhrelid::regclass::text, i.inhparent::regclass::text FROM pg_inherits i"
+                           " JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relkind = 'i' ORDER BY 1") == [
+        (f"analytics.{attempt.staging}_i1", "analytics.orders_lineage"),
+        (f"analytics.{attempt.staging}_i2", "analytics.orders_note")]
+    assert execute(pg_url, "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'"
+                           " ORDER BY 1", (f"analytics.{attempt.staging}",)) == [("orders_amount_check",)]
+    assert execute(pg_url, "SELECT count(*) FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'eos_chunk'",
+                   (f"analytics.{attempt.staging}",)) == [(0,)]
+    assert staging_tables(pg_url) == []
+    with pytest.raises(TargetError, match="aborted or committed"):  # a zombie writer cannot add to it now
+        writer.write([batches[0]])
+    assert target.commit(attempt).outcome == ALREADY_COMMITTED
+    assert published(pg_url) == expected_rows(plan)
+
+
+def test_partition_per_window_refuses_a_target_not_partitioned_by_window(pg_url, ledger, freeze_windows):
+    [plan] = freeze_windows("p", [0])
+    execute(pg_url, ORDERS_DDL)
+    with pytest.raises(TargetError, match=r"PARTITION BY RANGE \(eos_window_start\).*it is not partitioned"):
+        PostgresTarget(pg_url, "analytics.orders", mode=PARTITION_PER_WINDOW).begin(plan.window)
+    execute(pg_url, "DROP TABLE analytics.orders")
+    execute(pg_url, ORDERS_DDL.replace("CREATE SCHEMA analytics;", "").replace(
+        "\n    );", "\n    ) PARTITION BY LIST (eos_pipeline);"))
+    with pytest.raises(TargetError, match=r"it is partitioned by LIST \(eos_pipeline\)"):
+        PostgresTarget(pg_url, "analytics.orders", mode=PARTITION_PER_WINDOW).begin(plan.window)
+    assert window_row(pg_url, plan.window)[1] == 0 and staging_tables(pg_url) == []  # no attempt opened
+
+
+def test_partition_per_window_duplicate_key_fails_the_seal_and_publishes_nothing(pg_url, partitioned_orders, freeze_windows):
+    target = partitioned_orders
+    [plan] = freeze_windows("p", [0])
+    attempt = target.begin(plan.window)
+    writer = target.writer(attempt)
+    batches = records(plan)
+    twice = batches[1].set_column(6, "eos_offset", pa.array([0, 0, 1, 2, 3], pa.int64()))  # a transform's bug
+    chunks = [writer.write([batches[0]]), writer.write([twice])]
+    with pytest.raises(TargetError, match=r"cannot seal the staging of .* as a partition of analytics.orders: "
+                                          r"could not create unique index"):
+        target.checkpoint(attempt, consumed(plan), chunks)
+    assert attempt_state(pg_url, attempt)[0] == "open"  # the checkpoint was rolled back with the seal
+    assert target.abort(attempt, "stage failed")
+    assert staging_tables(pg_url) == [] and published(pg_url) == []
+
+
+def test_partition_per_window_overlapping_partition_fails_the_commit_clearly(pg_url, partitioned_orders,
+                                                                              freeze_windows):
+    """Another partition already covers the window (a second pipeline writing
+    the same table, a hand-made partition): the commit is refused, nothing
+    published, the staging kept until the attempt is aborted."""
+    target = partitioned_orders
+    execute(pg_url, "CREATE TABLE analytics.orders_2024 PARTITION OF analytics.orders"
+                    " FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')")
+    [plan] = freeze_windows("p", [0])
+    attempt = stage(target, plan)
+    with pytest.raises(TargetError, match=r"cannot publish .* would overlap partition \"orders_2024\"; staging kept"):
+        target.commit(attempt)
+    assert published(pg_url) == [] and window_row(pg_url, plan.window)[0] == "planned"
+    assert execute(pg_url, f"SELECT count(*) FROM eos_staging.{attempt.staging}") == [(10,)]

@@ -141,6 +141,7 @@ def test_staging_problems_compare_every_checkpointed_chunk():
     ({"on_committed": "overwrite"}, "on_committed must be one of"),
     ({"mode": "upsert"}, "needs key columns"),
     ({"key": ("id",)}, "only used in mode 'upsert'"),
+    ({"mode": "partition_per_window", "key": ("id",)}, "only used in mode 'upsert'"),
     ({"columns": ("id", "eos_window_start")}, "filled by the sink"),
     ({"table": "a.b.c"}, "3 parts"),
 ])
