@@ -49,9 +49,7 @@ def events_per_minute(df: DataFrame) -> DataFrame:
 
 
 # The target tables of the examples. The sink never creates or alters a target.
-ORDERS_TABLE_DDL = """
-CREATE SCHEMA IF NOT EXISTS analytics;
-CREATE TABLE IF NOT EXISTS analytics.orders (
+_ORDERS_COLUMNS = """
     order_id          text           NOT NULL,
     customer          text,
     amount            numeric(12, 2) NOT NULL,
@@ -59,10 +57,24 @@ CREATE TABLE IF NOT EXISTS analytics.orders (
     eos_partition     integer        NOT NULL,
     eos_offset        bigint         NOT NULL,
     eos_pipeline      text           NOT NULL,
-    eos_window_start  timestamptz    NOT NULL,
+    eos_window_start  timestamptz    NOT NULL,"""
+
+ORDERS_TABLE_DDL = f"""
+CREATE SCHEMA IF NOT EXISTS analytics;
+CREATE TABLE IF NOT EXISTS analytics.orders ({_ORDERS_COLUMNS}
     -- lineage is unique: the database itself refuses a duplicate
     UNIQUE (eos_topic, eos_partition, eos_offset)
 );
+"""
+
+# The same orders, one partition per window (mode partition_per_window): the
+# commit attaches the window's staging as a partition instead of copying rows.
+# A partitioned table's unique indexes must include its partition key.
+PARTITIONED_ORDERS_TABLE_DDL = f"""
+CREATE SCHEMA IF NOT EXISTS analytics;
+CREATE TABLE IF NOT EXISTS analytics.orders_partitioned ({_ORDERS_COLUMNS}
+    UNIQUE (eos_topic, eos_partition, eos_offset, eos_window_start)
+) PARTITION BY RANGE (eos_window_start);
 """
 
 EVENTS_PER_MINUTE_TABLE_DDL = """

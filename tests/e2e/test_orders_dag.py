@@ -95,17 +95,19 @@ def test_consecutive_windows_publish_every_record_once(airflow_connections, kafk
     three_consecutive_windows_publish_every_record_once(airflow_connections, kafka_config, topics, run_after)
 
 
-def three_consecutive_windows_publish_every_record_once(pg_url, kafka_config, topics, run_after) -> None:
-    """Three hourly windows of the example DAG, each run once: audited by lineage."""
+def three_consecutive_windows_publish_every_record_once(pg_url, kafka_config, topics, run_after,
+                                                       dag_id="orders_hourly", table="analytics.orders") -> None:
+    """Three hourly windows of an example DAG (its pipeline is its dag_id), each
+    run once: audited by lineage."""
     fresh_topic(topics, "orders")
     counts = produce_orders(topics, hours=3)
-    dag = load_dag("orders_hourly")
+    dag = load_dag(dag_id)
 
     for h in range(3):
         run = run_window(dag, window_date(h), run_after(h))
         assert run.state == "success", states(run)
 
-    report = audit(pg_url, kafka_config)
+    report = audit(pg_url, kafka_config, table=table, pipeline=dag_id)
     assert report.committed_windows == 3
     by_window = {w.window_start: w for w in report.windows}
     for h in range(3):

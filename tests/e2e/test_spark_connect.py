@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from airflow_eos.core.attempt import staging_name
 from airflow_eos.testing.services import SparkConnectServer
 
 from conftest import run_window  # tests/e2e/conftest.py
@@ -43,6 +44,24 @@ def test_consecutive_windows_on_spark_connect_publish_every_record_once(
     use_spark_connect(monkeypatch, connect_server)
     three_consecutive_windows_publish_every_record_once(airflow_connections, kafka_config, topics, run_after)
     assert sql(airflow_connections, "SELECT epoch, state FROM eos.attempts") == [(1, "committed")] * 3
+
+
+def test_windows_into_a_table_partitioned_by_window_publish_every_record_once(
+        airflow_connections, kafka_config, topics, connect_server, monkeypatch, run_after):
+    """The example DAG in mode partition_per_window: each window's staging,
+    sealed by the job commit on the server, became the window's partition."""
+    use_spark_connect(monkeypatch, connect_server)
+    three_consecutive_windows_publish_every_record_once(
+        airflow_connections, kafka_config, topics, run_after,
+        dag_id="orders_hourly_partitioned", table="analytics.orders_partitioned")
+    partitions = sql(airflow_connections, "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+                                          " JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relkind = 'r'"
+                                          " AND i.inhparent = 'analytics.orders_partitioned'::regclass ORDER BY 1")
+    assert [p[0] for p in partitions] == [staging_name("orders_hourly_partitioned", T0 + h * HOUR, 1)
+                                          for h in range(3)]
+    assert [p[1] for p in partitions] == [f"FOR VALUES FROM ('{T0 + h * HOUR:%Y-%m-%d %H:%M:%S}+00') TO "
+                                          f"('{T0 + (h + 1) * HOUR:%Y-%m-%d %H:%M:%S}+00')" for h in range(3)]
+    assert sql(airflow_connections, "SELECT count(*) FROM pg_tables WHERE schemaname = 'eos_staging'") == [(0,)]
 
 
 def test_a_stage_failing_on_the_server_is_retried_and_commits_once(
