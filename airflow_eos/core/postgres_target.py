@@ -338,10 +338,13 @@ class PostgresTarget(Sink):
                 rows_table, sql.Identifier(CHUNK_COLUMN)))
             conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT current_setting('eos.chunk')::bigint")
                          .format(rows_table, sql.Identifier(CHUNK_COLUMN)))
+            # Dead letters are staged like the rows: unlogged, but logged where the
+            # rows' staging is (partition_per_window), so a crash keeps both or neither.
             conn.execute(sql.SQL(
-                'CREATE UNLOGGED TABLE {} ({} bigint NOT NULL, topic text NOT NULL, partition integer NOT NULL,'
+                'CREATE {}TABLE {} ({} bigint NOT NULL, topic text NOT NULL, partition integer NOT NULL,'
                 ' "offset" bigint NOT NULL, error text NOT NULL, key bytea, value bytea)'
-            ).format(dead_table, sql.Identifier(CHUNK_COLUMN)))
+            ).format(sql.SQL("" if self.mode == PARTITION_PER_WINDOW else "UNLOGGED "), dead_table,
+                     sql.Identifier(CHUNK_COLUMN)))
         log.info("%s: staging %s.%s created for target %s (%d columns)", attempt, STAGING_SCHEMA,
                  attempt.staging, self.table, len(shape.staged))
         return attempt

@@ -75,7 +75,7 @@ from airflow_eos.core.faults import STATE_ENV as FAULTS_STATE_ENV
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest, plan_window
-from airflow_eos.core.postgres_target import STAGING_SCHEMA, PostgresTarget
+from airflow_eos.core.postgres_target import PARTITION_PER_WINDOW, STAGING_SCHEMA, PostgresTarget
 from airflow_eos.core.source import KafkaLog, mirror_offsets
 from airflow_eos.core.verify import VerifyReport, verify
 from airflow_eos.core.windows import TopicPartition, Window, WindowPlan, to_millis
@@ -165,17 +165,18 @@ CREATE TABLE {table} (
     eos_offset       bigint        NOT NULL,
     eos_pipeline     text          NOT NULL,
     eos_window_start timestamptz   NOT NULL
-)
+){partitioned}
 """
 # No unique index on lineage, on purpose: a duplicate must reach the table,
 # where verify finds it, rather than be refused by the database.
 
 
-def create_target_table(url: str, table: str) -> None:
+def create_target_table(url: str, table: str, mode: str = "replace_window") -> None:
+    partitioned = " PARTITION BY RANGE (eos_window_start)" if mode == PARTITION_PER_WINDOW else ""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(4242)")  # CREATE SCHEMA IF NOT EXISTS races
         try:
-            conn.execute(TARGET_DDL.format(table=table))
+            conn.execute(TARGET_DDL.format(table=table, partitioned=partitioned))
         finally:
             conn.execute("SELECT pg_advisory_unlock(4242)")
 
@@ -242,13 +243,14 @@ class Pipeline:
     kafka_config: Mapping[str, Any]
     topics: tuple[str, ...]
     on_committed: str = "skip"
+    mode: str = "replace_window"  # the target's
     mirror_group: str | None = None
     max_records_per_task: int = 40  # lower it for several read/write tasks (chunks) per partition
     batch_rows: int = 8  # stage.mid_write fires after a batch's COPY, before its task's transaction commits
 
     @property
     def target(self) -> PostgresTarget:
-        return PostgresTarget(self.url, self.table, on_committed=self.on_committed)
+        return PostgresTarget(self.url, self.table, mode=self.mode, on_committed=self.on_committed)
 
     @property
     def ledger(self) -> Ledger:
@@ -668,6 +670,7 @@ class Schedule:
     # A sweeper with a timeout of 0 running during the first runs: far too short
     # (it aborts live runs' attempts), so runs fail, but nothing may publish twice.
     sweep_during: bool = False
+    target_mode: str = "replace_window"  # how the target publishes (replace_window or partition_per_window)
 
     @classmethod
     def draw(cls, seed: int, *, max_windows: int = 5) -> "Schedule":
@@ -694,11 +697,13 @@ class Schedule:
             reruns=tuple(rng.choices(range(n), k=rng.choice((0, 1, 2)))),
             sweep_between=rng.random() < 0.5,
             sweep_during=rng.random() < 0.25,
+            target_mode=rng.choice(("replace_window", PARTITION_PER_WINDOW)),  # drawn last: older seeds replay
         )
 
     def __str__(self) -> str:
         faults = "; ".join(f"w{i}: {spec}" for i, spec in sorted(self.faults.items())) or "none"
-        return (f"schedule seed={self.seed}: {self.windows} windows, on_committed={self.on_committed}, "
+        return (f"schedule seed={self.seed}: {self.windows} windows, target mode={self.target_mode}, "
+                f"on_committed={self.on_committed}, "
                 f"retries={self.retries}, parallel={self.parallel}, mirror={self.mirror}, "
                 f"max_records_per_task={self.max_records_per_task}, first runs {list(self.order)}, "
                 f"zombies {list(self.zombies)}, reruns {list(self.reruns)}, sweep={self.sweep_between}, "

@@ -126,14 +126,15 @@ def chaos_db(pg_server):
 
 
 def new_pipeline(url: str, source: dict, name: str, *, on_committed: str = "skip", mirror: bool = False,
-                 **kwargs) -> chaos.Pipeline:
-    """A Pipeline with its own target table in the database at ``url``."""
+                 mode: str = "replace_window", **kwargs) -> chaos.Pipeline:
+    """A Pipeline with its own target table (for the target's ``mode``) in the
+    database at ``url``."""
     name = chaos.slug(name)[:40] + "_" + uuid.uuid4().hex[:6]
     table = f"chaos.{name}"
-    chaos.create_target_table(url, table)
+    chaos.create_target_table(url, table, mode)
     return chaos.Pipeline(
         name=name, url=url, table=table, kafka_config=source["kafka_config"], topics=(source["topic"],),
-        on_committed=on_committed, mirror_group=f"eos-mirror-{name}" if mirror else None, **kwargs)
+        on_committed=on_committed, mode=mode, mirror_group=f"eos-mirror-{name}" if mirror else None, **kwargs)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from conftest import new_pipeline
 
 from airflow_eos.core.errors import AttemptFenced, LedgerUnavailable, NotPrepared
 from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.postgres_target import PARTITION_PER_WINDOW
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
 from airflow_eos.core.windows import WindowPlan, to_millis
 from airflow_eos.testing import chaos
@@ -135,15 +136,17 @@ def test_database_restarted_during_stage(mode, own_pg, own_db, chaos_source, tmp
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
+@pytest.mark.parametrize("target_mode", ["replace_window", PARTITION_PER_WINDOW])
 def test_database_restarted_after_prepare_loses_unlogged_staging_only_in_a_crash(
-        mode, own_pg, own_db, chaos_source, tmp_path, tally):
+        mode, target_mode, own_pg, own_db, chaos_source, tmp_path, tally):
     """Staging is UNLOGGED: a clean restart keeps it, a crash empties it. The
-    commit counts it again: lost staging is refused, never half published."""
-    p = new_pipeline(own_db, chaos_source, f"pg_prepared_{mode}")
+    commit counts it again: lost staging is refused, never half published.
+    (partition_per_window stages into a logged table: it survives both.)"""
+    p = new_pipeline(own_db, chaos_source, f"pg_prepared_{mode}", mode=target_mode)
     h = Harness(p, tmp_path)
     attempt = staged_and_prepared(p, 0)
     own_pg.restart(mode)
-    if mode == "fast":
+    if mode == "fast" or target_mode == PARTITION_PER_WINDOW:
         assert p.target.commit(attempt).outcome == PUBLISHED
         h.emitted(0, PUBLISHED)
     else:
@@ -154,12 +157,15 @@ def test_database_restarted_after_prepare_loses_unlogged_staging_only_in_a_crash
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
-def test_database_restarted_inside_the_commit_transaction(mode, own_pg, own_db, chaos_source, tmp_path, tally):
-    """The commit has inserted the window's rows and waits for the pipeline row
-    (to advance offsets) when the server goes down: nothing is published; the
-    retried commit publishes once (fast: staging kept) or refuses the lost
+@pytest.mark.parametrize("target_mode", ["replace_window", PARTITION_PER_WINDOW])
+def test_database_restarted_inside_the_commit_transaction(mode, target_mode, own_pg, own_db, chaos_source, tmp_path,
+                                                          tally):
+    """The commit has published the window's rows (inserted them, or attached
+    the partition) and waits for the pipeline row (to advance offsets) when the
+    server goes down: nothing is published; the retried commit publishes once
+    (fast, or a logged partition_per_window staging: kept) or refuses the lost
     staging (immediate), and a clear re-stages the window."""
-    p = new_pipeline(own_db, chaos_source, f"pg_commit_{mode}")
+    p = new_pipeline(own_db, chaos_source, f"pg_commit_{mode}", mode=target_mode)
     h = Harness(p, tmp_path)
     attempt = staged_and_prepared(p, 0)
     gate = psycopg.connect(own_db)
@@ -174,7 +180,7 @@ def test_database_restarted_inside_the_commit_transaction(mode, own_pg, own_db, 
     gate.close()
     assert sql(own_db, f"SELECT count(*) FROM {p.table}") == [(0,)]
     assert sql(own_db, "SELECT state FROM eos.windows") == [("planned",)]
-    if mode == "fast":
+    if mode == "fast" or target_mode == PARTITION_PER_WINDOW:
         assert p.target.commit(attempt).outcome == PUBLISHED  # the commit task's retry
         h.emitted(0, PUBLISHED)
     else:
@@ -248,13 +254,14 @@ def test_whole_runs_of_one_window_racing(make_pipeline, tmp_path, tally):
 
 
 @pytest.mark.parametrize("on_committed", ["skip", "replace"])
-def test_zombie_attempt_finishing_after_a_newer_commit(on_committed, make_pipeline, tmp_path, tally):
+@pytest.mark.parametrize("target_mode", ["replace_window", PARTITION_PER_WINDOW])
+def test_zombie_attempt_finishing_after_a_newer_commit(on_committed, target_mode, make_pipeline, tmp_path, tally):
     """A zombie stage attempt (its task presumed dead) half-staged; a clear
     commits the window with a newer attempt; then the zombie finishes. If the
     clear's teardown aborted it, its staging is gone; if the teardown failed,
     it stages everything and is fenced at its checkpoint; a zombie prepared
     before it was fenced is refused at commit. The sweeper ends the leftovers."""
-    p = make_pipeline(f"zombie_{on_committed}", on_committed=on_committed)
+    p = make_pipeline(f"zombie_{on_committed}", on_committed=on_committed, mode=target_mode)
     h = Harness(p, tmp_path)
     aborted_by_teardown = Zombie(p, 0)
     h.run(0)

@@ -37,8 +37,8 @@ def schedules(request, pg_server, chaos_source, tmp_path_factory):
     def one(seed):
         s = Schedule.draw(seed)
         with scratch_database(pg_server.address) as url:
-            p = new_pipeline(url, chaos_source, f"r{seed}", on_committed=s.on_committed, mirror=s.mirror,
-                             max_records_per_task=s.max_records_per_task)
+            p = new_pipeline(url, chaos_source, f"r{seed}", on_committed=s.on_committed, mode=s.target_mode,
+                             mirror=s.mirror, max_records_per_task=s.max_records_per_task)
             return run_schedule(s, p, tmp_path_factory.mktemp(f"seed{seed}"))
 
     seeds = [params["seed"] for params in selected_params(request, "test_randomized_schedule_is_exactly_once")]
