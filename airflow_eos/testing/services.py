@@ -204,7 +204,7 @@ class EmbeddedBroker:
 # --------------------------------------------------------------------------- Spark Connect
 
 
-SPARK_CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+CONNECT_SERVER_APP = Path(__file__).resolve().parents[1] / "spark" / "connect_server.py"
 
 
 class SparkConnectServer:
@@ -212,6 +212,11 @@ class SparkConnectServer:
     tasks connect to (``sc://127.0.0.1:port``) instead of each paying a
     spark-submit and a JVM start. Its Python workers run this interpreter, so
     they have airflow-eos. Listens on 127.0.0.1 only, no web UI.
+
+    Run as airflow_eos/spark/connect_server.py, not Spark's SparkConnectServer
+    class: its sessions share one set of Python daemons instead of starting five
+    each (see that module), and the task workers fork from a daemon that has the
+    stage job's imports done (airflow_eos.spark.daemon).
     """
 
     def __init__(self, master: str = "local[2]", conf: dict[str, str] | None = None,
@@ -223,6 +228,7 @@ class SparkConnectServer:
             "spark.connect.grpc.binding.port": str(self.port),
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "4",
+            "spark.python.daemon.module": "airflow_eos.spark.daemon",
             **(conf or {}),
         }
         self.spark_submit = Path(sys.executable).with_name("spark-submit")
@@ -237,8 +243,8 @@ class SparkConnectServer:
 
     def command(self) -> list[str]:
         conf = [arg for key, value in self.conf.items() for arg in ("--conf", f"{key}={value}")]
-        return [str(self.spark_submit), "--class", SPARK_CONNECT_SERVER_CLASS, "--name", "airflow-eos Spark Connect",
-                "--master", self.master, *conf, "spark-internal"]
+        return [str(self.spark_submit), "--name", "airflow-eos Spark Connect", "--master", self.master, *conf,
+                str(CONNECT_SERVER_APP)]
 
     def start(self, timeout: float = 120.0) -> "SparkConnectServer":
         env = {**os.environ, "PYSPARK_PYTHON": self.python, "SPARK_LOCAL_IP": "127.0.0.1", **self.env}
