@@ -429,6 +429,7 @@ class PostgresTarget(Sink):
             " quote_ident(n.nspname) || '.' || quote_ident(t.relname)"
             " FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace"
             " LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid"
+            " AND c.contype IN ('p', 'u', 'x')"  # not a self-referencing foreign key, which also names the index
             " WHERE i.indrelid = to_regclass(%s) ORDER BY i.indexrelid", (self._target.as_string(conn),),
         ).fetchall()
         built = 0
