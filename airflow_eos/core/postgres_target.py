@@ -130,6 +130,22 @@ def _staging_ids(staging: str) -> tuple[sql.Identifier, sql.Identifier]:
     return sql.Identifier(STAGING_SCHEMA, staging), sql.Identifier(STAGING_SCHEMA, staging + DEAD_LETTER_SUFFIX)
 
 
+def _keep_checkpointed_chunks(conn: psycopg.Connection, rows_table: sql.Identifier,
+                              chunks: list[int]) -> tuple[int, int]:
+    """Lock a staging (a writer still copying into it finishes first) and delete
+    the rows of chunks not in ``chunks`` (the checkpoint's): a task that staged
+    but never reached the job commit, or staged after it. Returns (rows kept,
+    rows deleted)."""
+    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(rows_table))
+    counts = dict(conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
+        sql.Identifier(CHUNK_COLUMN), rows_table)).fetchall())
+    unlisted = [c for c in counts if c not in chunks]
+    if unlisted:
+        conn.execute(sql.SQL("DELETE FROM {} WHERE {} = ANY({}::bigint[])").format(
+            rows_table, sql.Identifier(CHUNK_COLUMN), sql.Literal(unlisted)))
+    return sum(counts.get(c, 0) for c in chunks), sum(counts[c] for c in unlisted)
+
+
 def _connect(url: str, purpose: str, connect_timeout: int = 10) -> psycopg.Connection:
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout,
@@ -405,9 +421,7 @@ class PostgresTarget(Sink):
         started = time.monotonic()
         rows_table, _ = _staging_ids(attempt.staging)
         try:
-            conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(rows_table))
-            dropped = conn.execute(sql.SQL("DELETE FROM {} WHERE {} <> ALL({}::bigint[])").format(
-                rows_table, sql.Identifier(CHUNK_COLUMN), sql.Literal([c.chunk for c in checkpoint.chunks]))).rowcount
+            _, dropped = _keep_checkpointed_chunks(conn, rows_table, [c.chunk for c in checkpoint.chunks])
             built = self._build_target_indexes(conn, attempt, rows_table)
         except psycopg.errors.UndefinedTable as exc:
             raise TargetError(f"staging of {attempt} does not exist: the attempt was aborted or committed") from exc
@@ -478,11 +492,13 @@ class PostgresTarget(Sink):
            window wait; a second commit waits, then finds it done);
         2. this attempt committed before → no-op, reported; the window committed
            by another attempt → ``skip``: no-op (this attempt's staging is
-           dropped) or ``replace``: delete the window's published rows first;
+           dropped) or ``replace``: delete the window's published rows first
+           (partition_per_window: drop its partition);
         3. the attempt must hold the current epoch and be prepared;
-        4. ``INSERT … SELECT`` the checkpointed chunks' rows and dead letters;
-           their counts must equal the checkpoint's (staging lost after prepare
-           is refused, nothing published);
+        4. ``INSERT … SELECT`` the checkpointed chunks' rows (partition_per_window:
+           attach the sealed staging as the window's partition) and dead
+           letters; their counts must equal the checkpoint's (staging lost after
+           prepare is refused, nothing published);
         5. mark window and attempt committed, advance the pipeline's offsets to
            the contiguous committed prefix, drop the staging.
 
@@ -588,13 +604,8 @@ class PostgresTarget(Sink):
         """partition_per_window's publish: the sealed staging becomes the window's
         partition, by catalog changes only (the seal built the indexes, the
         bound's CHECK spares ATTACH its scan). Returns the rows published."""
-        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(rows_table))
-        counts = dict(conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
-            sql.Identifier(CHUNK_COLUMN), rows_table)).fetchall())
-        late = [c for c in counts if c not in chunks]
-        if late:  # staged by a writer of this attempt after the seal: never checkpointed, never published
-            conn.execute(sql.SQL("DELETE FROM {} WHERE {} = ANY({}::bigint[])").format(
-                rows_table, sql.Identifier(CHUNK_COLUMN), sql.Literal(late)))
+        # Again here: a writer of this attempt may have staged a chunk after the seal.
+        published, _ = _keep_checkpointed_chunks(conn, rows_table, chunks)
         partition = sql.Identifier(shape.schema, attempt.staging)
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(rows_table, sql.Identifier(CHUNK_COLUMN)))
         conn.execute(sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(rows_table, sql.Identifier(shape.schema)))
@@ -603,7 +614,7 @@ class PostgresTarget(Sink):
                                                              sql.Literal(attempt.window_start),
                                                              sql.Literal(attempt.window_end)))
         conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(partition, sql.Identifier(BOUND_CONSTRAINT)))
-        return sum(counts.get(c, 0) for c in chunks)
+        return published
 
     def _publish_sql(self, columns: tuple[str, ...], shape: _Shape, rows_table: sql.Identifier,
                      values: dict[str, sql.Literal]) -> sql.Composed:

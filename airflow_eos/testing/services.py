@@ -265,8 +265,8 @@ class SparkConnectServer:
 
     def stop(self) -> None:
         if self.proc is not None:
-            # spark-submit's process group: the JVM; PySpark's Python daemon (a group of its
-            # own) and its workers exit when the JVM closes their stdin.
+            # spark-submit's process group: the JVM and the launcher's Python driver; PySpark's
+            # Python daemons (groups of their own) and workers exit when the JVM closes their stdin.
             _stop_process(self.proc, grace=15.0, group=True)
 
     def __enter__(self) -> "SparkConnectServer":
