@@ -4,6 +4,8 @@ partitions added to a topic). Kafka-backed tests use the real broker."""
 
 from __future__ import annotations
 
+import bisect
+
 from airflow_eos.core.errors import UnknownTopic
 from airflow_eos.core.source import Bounds, Record
 from airflow_eos.core.windows import TopicPartition
@@ -49,13 +51,15 @@ class MemoryLog:
 
     def first_at_or_after(self, tp, offset, end):
         self.probes += 1
-        for rec in self.logs[tp]:
-            if offset <= rec.offset < end and rec.offset >= self.log_start[tp]:
-                return rec
-        return None
+        recs = self.logs[tp]
+        i = bisect.bisect_left(recs, max(offset, self.log_start[tp]), key=lambda r: r.offset)
+        return recs[i] if i < len(recs) and recs[i].offset < end else None
 
     def records(self, tp, start, end):
-        return [r for r in self.logs[tp] if start <= r.offset < end and r.offset >= self.log_start[tp]]
+        recs = self.logs[tp]
+        i = bisect.bisect_left(recs, max(start, self.log_start[tp]), key=lambda r: r.offset)
+        j = bisect.bisect_left(recs, end, key=lambda r: r.offset)
+        return recs[i:j]
 
     def time_hint(self, tp, timestamp_ms):
         return self.hint

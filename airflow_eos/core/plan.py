@@ -18,6 +18,7 @@ older timestamps belong to the next window.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from airflow_eos.core.errors import (
 )
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import CutContext, Ledger
-from airflow_eos.core.source import Bounds, PartitionLog, normalise_topics
+from airflow_eos.core.source import Bounds, PartitionLog, Record, normalise_topics
 from airflow_eos.core.windows import (
     CUT_BY_IDLE,
     CUT_BY_NEIGHBOUR,
@@ -64,34 +65,73 @@ def first_offset_at_or_after(log_: PartitionLog, tp: TopicPartition, t_ms: int, 
     P(o) = "the first record at/after o is absent or has timestamp >= t" is false
     then true over ``[lo, hi]`` (with non-decreasing timestamps); find its first
     true point by probing, then read the short remainder.
+
+    Every probe is a fetch round trip, so where they go matters. After a probe at
+    each end, they follow the ITP method (Oliveira & Takahashi, 2020): guess where
+    a steady rate between the records seen on either side of t puts it
+    (interpolation), nudge the guess toward the middle so that one side cannot
+    stall, and keep it within a band around the middle that shrinks so the search
+    never needs more than one probe over plain halving. A log written at a steady
+    rate takes 4-6 probes per cut where halving took 9 (250k offsets), a bursty
+    one at most halving's count plus three. Where the probes go never changes the
+    answer: each keeps P false before ``left`` and true at ``right``.
     """
-
-    def passed(o: int) -> bool:
-        rec = log_.first_at_or_after(tp, o, hi)
-        return rec is None or rec.timestamp_ms >= t_ms
-
     left, right = lo, hi  # the first true point lies in [left, right]
+    at_right: Record | None = None  # the first record at/after `right` (None: none before hi)
+    below: Record | None = None  # the record just before `left`: timestamp < t
+    above: Record | None = None  # a record at/after `right`: timestamp >= t
+
+    def probe(o: int) -> bool:
+        nonlocal left, right, at_right, below, above
+        rec = log_.first_at_or_after(tp, o, hi)
+        if rec is None or rec.timestamp_ms >= t_ms:
+            right, at_right = o, rec
+            above = rec or above
+            return True
+        # Every offset in [o, rec.offset] has this record first: P is false there too.
+        left, below = rec.offset + 1, rec
+        return False
+
     hint = log_.time_hint(tp, t_ms)
-    if hint is not None and lo < hint < hi:
-        if passed(hint):
-            right = hint
-            if not passed(hint - 1):
-                left = hint  # the hint was right: two probes
-        else:
-            left = hint + 1
-    while right - left > SCAN_BELOW:
-        mid = (left + right) // 2
-        if passed(mid):
-            right = mid
-        else:
-            left = mid + 1
+    if hint is not None and lo < hint < hi and probe(hint):
+        probe(hint - 1)  # a right hint ends the search here: two probes
+    if right - left > SCAN_BELOW and below is None:
+        probe(left)  # the timestamps at both ends steer the guesses
+    if right - left > SCAN_BELOW and above is None:
+        probe(right - 1)
+    if right - left > SCAN_BELOW:
+        budget = math.ceil(math.log2((right - left) / SCAN_BELOW)) + 1  # probes left: halving's, plus one
+        nudge = 0.05 / (right - left)  # how far toward the middle a guess is moved, per offset of width squared
+        while right - left > SCAN_BELOW:
+            slack = max(SCAN_BELOW / 2 * 2**budget - (right - left) / 2, 0.0)
+            probe(_itp_point(left, right, below, above, t_ms, nudge, slack))
+            budget -= 1
     for rec in log_.records(tp, left, right):
         if rec.timestamp_ms >= t_ms:
             return rec.offset
-    rec = log_.first_at_or_after(tp, right, hi)
-    if rec is not None and rec.timestamp_ms >= t_ms:
-        return rec.offset
-    return None
+    # Nothing in [left, right): the cut is the first record at/after `right`, which
+    # the probe that set `right` returned (none when `right` is still hi).
+    return at_right.offset if at_right is not None else None
+
+
+def _itp_point(left: int, right: int, below: Record | None, above: Record | None, t_ms: int,
+               nudge: float, slack: float) -> int:
+    """The next probe of the ITP search in ``[left, right)``."""
+    middle = (left + right) / 2
+    if below is None or above is None:  # a side with no record seen yet: halve
+        return (left + right) // 2
+    # Interpolate: below.timestamp < t <= above.timestamp, so the span is positive.
+    span = above.timestamp_ms - below.timestamp_ms
+    guess = below.offset + (t_ms - below.timestamp_ms) * (above.offset - below.offset) / span
+    guess = min(max(guess, left), right - 1)
+    # Truncate: move the guess toward the middle by nudge * width^2 (or onto it).
+    toward = 1 if middle >= guess else -1
+    step = nudge * (right - left) ** 2
+    point = guess + toward * step if step <= abs(middle - guess) else middle
+    # Project: no farther from the middle than the budget of probes allows.
+    if abs(point - middle) > slack:
+        point = middle - toward * slack
+    return int(min(max(round(point), left), right - 1))
 
 
 def resolve_cut(

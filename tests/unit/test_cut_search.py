@@ -1,11 +1,17 @@
 """The cut search over an in-memory log: pure logic, checked against brute force."""
 
+import bisect
+import math
 from datetime import datetime, timedelta, timezone
+from unittest.mock import patch
+
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_eos.core.ledger import CutContext
+from airflow_eos.core import plan
 from airflow_eos.core.plan import first_offset_at_or_after, resolve_cut
 from airflow_eos.core.source import Bounds
 from airflow_eos.core.windows import CUT_BY_IDLE, CUT_BY_NEIGHBOUR, CUT_BY_RECORD, CUT_NEW_PARTITION, to_millis
@@ -27,27 +33,34 @@ def logs(draw, monotone=True):
     return log, tp
 
 
-@settings(max_examples=150, deadline=None)
-@given(data=st.data(), monotone_log=logs())
-def test_search_finds_the_first_record_at_or_after_t(data, monotone_log):
+# The logs drawn are short; a small scan threshold makes the search probe them
+# (interpolating, halving) instead of reading them whole.
+scan_thresholds = st.sampled_from([4, 16, plan.SCAN_BELOW])
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), monotone_log=logs(), scan_below=scan_thresholds)
+def test_search_finds_the_first_record_at_or_after_t(data, monotone_log, scan_below):
     log, tp = monotone_log
     end = log.ends[tp]
     t = data.draw(st.integers(900, 1000 + 5 * 1600))
     lo = data.draw(st.integers(0, end))
     log.hint = data.draw(st.one_of(st.none(), st.integers(0, end + 3)))  # right, wrong or absent
     expected = next((r.offset for r in log.logs[tp] if r.offset >= lo and r.timestamp_ms >= t), None)
-    assert first_offset_at_or_after(log, tp, t, lo, end) == expected
+    with patch.object(plan, "SCAN_BELOW", scan_below):
+        assert first_offset_at_or_after(log, tp, t, lo, end) == expected
 
 
-@settings(max_examples=100, deadline=None)
-@given(data=st.data(), skewed_log=logs(monotone=False))
-def test_search_on_skewed_timestamps_still_returns_a_boundary(data, skewed_log):
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), skewed_log=logs(monotone=False), scan_below=scan_thresholds)
+def test_search_on_skewed_timestamps_still_returns_a_boundary(data, skewed_log, scan_below):
     """With non-monotone timestamps any boundary is acceptable, as long as it is
     one: the record at the cut is >= t and the record before it (if any) is < t."""
     log, tp = skewed_log
     end = log.ends[tp]
     t = data.draw(st.integers(900, 1000 + 5 * 1600))
-    found = first_offset_at_or_after(log, tp, t, 0, end)
+    with patch.object(plan, "SCAN_BELOW", scan_below):
+        found = first_offset_at_or_after(log, tp, t, 0, end)
     recs = {r.offset: r for r in log.logs[tp]}
     if found is None:
         return
@@ -65,12 +78,48 @@ def test_search_with_a_correct_hint_needs_few_probes():
     assert log.probes <= 3
 
 
-def test_search_with_a_lying_hint_is_logarithmic():
+def test_search_with_a_lying_hint_on_a_steady_log_takes_a_few_probes():
+    """Every probe is a fetch round trip. A window of an hour written at a steady
+    rate (the benchmark's 250k records a partition, one late record closing it):
+    the start cut is the first record, the end cut is bracketed by interpolation."""
     log = MemoryLog()
-    tp = log.add_partition("t", 0, range(100_000))
+    n = 250_000
+    tp = log.add_partition("t", 0, [i * 3_599_000 // n for i in range(n)] + [3_601_000])
     log.hint = 0  # what the embedded broker answers to every offsets_for_times
-    assert first_offset_at_or_after(log, tp, 70_000, 0, 100_000) == 70_000
-    assert log.probes <= 25
+    assert first_offset_at_or_after(log, tp, 0, 0, n + 1) == 0
+    assert log.probes == 1
+    log.probes = 0
+    assert first_offset_at_or_after(log, tp, 3_600_000, 0, n + 1) == n
+    assert log.probes <= 4
+    log.probes = 0
+    middle = 1_234_567
+    assert first_offset_at_or_after(log, tp, middle, 0, n + 1) == -(-middle * n // 3_599_000)
+    assert log.probes <= 6  # halving: 2 + 9
+
+
+@pytest.mark.parametrize("shape", ["burst at the end", "burst at the start", "idle hour in the middle",
+                                   "equal timestamps"])
+def test_search_on_an_uneven_log_takes_at_most_one_probe_more_than_halving(shape):
+    """Interpolation guesses badly where the rate changes; the ITP search keeps
+    each guess close enough to the middle that halving never needs fewer probes
+    (plus one, and the two probes at the ends that steer the guesses)."""
+    n = 1_000_000
+    if shape == "burst at the end":  # a tenth of the records over 59 minutes, the rest in the last one
+        timestamps = [i * 36 for i in range(n // 10)] + [3_540_000 + i // 15 for i in range(n - n // 10)]
+    elif shape == "burst at the start":
+        timestamps = [i // 15 for i in range(n - n // 10)] + [60_000 + i * 36 for i in range(n // 10)]
+    elif shape == "idle hour in the middle":
+        timestamps = [i for i in range(n // 2)] + [3_600_000 + i for i in range(n // 2)]
+    else:
+        timestamps = [0] * (n // 2) + [5] * (n // 2)
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, timestamps)
+    bisection_steps = math.ceil(math.log2(n / plan.SCAN_BELOW))
+    for t in (1, 1_000, 59_999, 60_001, 1_800_000, 3_540_001, 3_599_999, 3_600_000, 3_600_500, 4_000_000):
+        log.probes = 0
+        expected = bisect.bisect_left(timestamps, t)
+        assert first_offset_at_or_after(log, tp, t, 0, n) == (expected if expected < n else None)
+        assert log.probes <= 2 + bisection_steps + 1, (t, log.probes)
 
 
 def _ms(t):
