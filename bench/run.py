@@ -192,6 +192,21 @@ def raw_consume(bootstrap: str, ends: dict[int, int], processes: int) -> tuple[i
 # --------------------------------------------------------------------------- ceiling: raw COPY
 
 
+def checkpoint(url: str) -> None:
+    """Start each measured run from the same PostgreSQL state. A 1M-row window
+    writes 150-230 MB of WAL; without this, the WAL of the runs before triggers
+    a checkpoint in the middle of the next one, whose writes compete with it
+    (the same partitioned window's Spark job: 5.8-7.4 s, 6.2-6.3 s after a
+    CHECKPOINT)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+    except psycopg.Error as exc:  # an external server may refuse a non-superuser
+        print(f"bench: CHECKPOINT refused ({exc}); a run may overlap a checkpoint", flush=True)
+
+
 def raw_copy(url: str, table, connections: int) -> tuple[int, float]:
     """COPY the rows (CSV encoded beforehand) with ``connections`` connections in
     parallel, each in one transaction, into an empty table shaped like the target."""
@@ -725,6 +740,7 @@ def main(argv: list[str] | None = None) -> int:
             n, s = raw_consume(bootstrap, ends, args.cores)
             assert n == size, (n, size)
             r["ceiling_consume"] = {"seconds": s, "records_per_s": size / s, "processes": args.cores}
+            checkpoint(pg.address)
             n, s = raw_copy(url, transformed_rows(ends, f"copy_{size}"), args.cores)
             assert n == size, (n, size)
             r["ceiling_copy"] = {"seconds": s, "records_per_s": size / s, "connections": args.cores}
@@ -748,12 +764,15 @@ def main(argv: list[str] | None = None) -> int:
                     ("exactly_once", "partitioned", connect_conn, "orders_hourly_partitioned",
                      "analytics.orders_partitioned"))
             for i, (key, mode, conn, dag_id, table) in enumerate(runs):
+                checkpoint(pg.address)
                 r[key] = run_exactly_once(dags[dag_id], size, urls[mode], capture, run_after + i * HOUR / 4, conn,
                                           table)
                 print(f"   exactly-once ({mode}): {r[key]['window_s']:.1f}s ({r[key]['records_per_s']:,.0f}/s), "
                       f"phases { {k2: round(v, 2) for k2, v in r[key]['phases_s'].items()} }", flush=True)
+            checkpoint(pg.address)
             r["at_least_once_submit"] = run_at_least_once(size, urls["submit"], bootstrap, ends,
                                                           f"alo-{size}-submit-{os.getpid()}")
+            checkpoint(pg.address)
             r["at_least_once"] = run_at_least_once_on_connect(size, url, bootstrap, ends,
                                                               f"alo-{size}-connect-{os.getpid()}", connect.url)
             for key in ("at_least_once_submit", "at_least_once"):
@@ -963,7 +982,9 @@ METHOD = """## Method and fairness
   encoder the sink uses, encoding not timed), one connection per core into an
   empty copy of `analytics.orders` (with its unique index). Spark read:
   `read_plan(...).count()` in an in-process local[cores] session, warm (median
-  of 2), JVM start not timed.
+  of 2), JVM start not timed. PostgreSQL is checkpointed before the COPY
+  ceiling and before every exactly-once and at-least-once run, so that none
+  starts with the previous runs' WAL still to checkpoint.
 - **Exactly-once** is the example DAGs `orders_hourly_partitioned` (headline,
   target `analytics.orders_partitioned`, mode `partition_per_window`) and
   `orders_hourly` (§2a, §2b: target `analytics.orders`, mode `replace_window`),
