@@ -618,6 +618,40 @@ def test_what_cannot_be_staged_is_refused_before_any_spark_work(spark, pg_url, l
         run_stage(spark, plan, attempt, target, kafka_config, "no_such_module:transform")
 
 
+EXAMPLE_ORDERS = [  # value -> (order_id, customer, amount, dead letter reason or None)
+    (b'{"order_id": "a", "customer": "c", "amount": 12.95}', ("a", "c", Decimal("12.95"), None)),
+    (b'{"order_id": "b", "amount": "7.5"}', ("b", None, Decimal("7.50"), None)),  # a numeric string is a number
+    (b'{"order_id": "f", "amount": 0.125}', ("f", None, Decimal("0.13"), None)),  # rounded half up, no double
+    (b'{"order_id": "h", "amount": 9999999999.99}', ("h", None, Decimal("9999999999.99"), None)),  # decimal(12,2)'s max
+    (b'{"order_id": "i", "amount": 10000000000}', ("i", None, None, "malformed order: amount not a number or out of range")),
+    (b'{malformed', (None, None, None, "malformed order: not JSON or no order_id")),
+    (b'[1, 2]', (None, None, None, "malformed order: not JSON or no order_id")),
+    (b'{"order_id": null, "amount": 1}', (None, None, Decimal("1.00"), "malformed order: not JSON or no order_id")),
+    (b'\xff\xfe', (None, None, None, "malformed order: not JSON or no order_id")),
+    (b'{"order_id": "c", "customer": 5}', ("c", "5", None, "malformed order: no amount")),
+    (b'{"order_id": "d", "amount": "abc"}', ("d", None, None, "malformed order: amount not a number or out of range")),
+    (b'{"order_id": "e", "amount": 1e30}', ("e", None, None, "malformed order: amount not a number or out of range")),
+    (b'{"order_id": "g", "amount": {"x": 1}}', ("g", None, None, "malformed order: amount not a number or out of range")),
+]
+
+
+def test_the_example_orders_transform_keeps_every_record_as_an_order_or_a_dead_letter(spark):
+    """The transform of the example DAGs and the benchmark (json_tuple, amount
+    from its JSON text to decimal): one output row per record, with lineage; a
+    record that is not an order is a dead letter with its reason, never dropped."""
+    from airflow_eos.examples.transforms import orders
+    from airflow_eos.spark.kafka_source import KAFKA_SCHEMA
+
+    records = [(b"k", value, "orders", 3, offset, datetime(2026, 1, 1), 0, None)
+               for offset, (value, _) in enumerate(EXAMPLE_ORDERS)]
+    out = orders(spark.createDataFrame(records, KAFKA_SCHEMA)).collect()
+    assert sorted(r.eos_offset for r in out) == list(range(len(EXAMPLE_ORDERS)))  # nothing dropped, nothing added
+    for row in out:
+        value, expected = EXAMPLE_ORDERS[row.eos_offset]
+        assert (row.order_id, row.customer, row.amount, row.eos_error) == expected, value
+        assert (row.eos_topic, row.eos_partition, row.key, row.value) == ("orders", 3, b"k", value)
+
+
 def test_job_commit_refuses_a_read_that_does_not_cover_the_plan(pg_url, ledger):
     """The checkpoint's consumed ranges come from the read reports: a sub-range
     never reported (its task did not finish reading) or a partition short of its
