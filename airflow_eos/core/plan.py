@@ -72,7 +72,7 @@ def first_offset_at_or_after(log_: PartitionLog, tp: TopicPartition, t_ms: int, 
     (interpolation), nudge the guess toward the middle so that one side cannot
     stall, and keep it within a band around the middle that shrinks so the search
     never needs more than one probe over plain halving. A log written at a steady
-    rate takes 4-6 probes per cut where halving took 9 (250k offsets), a bursty
+    rate takes 1-6 probes per cut where halving took 9 (250k offsets), a bursty
     one at most halving's count plus three. Where the probes go never changes the
     answer: each keeps P false before ``left`` and true at ``right``.
     """
@@ -117,9 +117,9 @@ def first_offset_at_or_after(log_: PartitionLog, tp: TopicPartition, t_ms: int, 
 def _itp_point(left: int, right: int, below: Record | None, above: Record | None, t_ms: int,
                nudge: float, slack: float) -> int:
     """The next probe of the ITP search in ``[left, right)``."""
-    middle = (left + right) / 2
     if below is None or above is None:  # a side with no record seen yet: halve
         return (left + right) // 2
+    middle = (left + right) / 2
     # Interpolate: below.timestamp < t <= above.timestamp, so the span is positive.
     span = above.timestamp_ms - below.timestamp_ms
     guess = below.offset + (t_ms - below.timestamp_ms) * (above.offset - below.offset) / span

@@ -51,7 +51,7 @@ def events_per_minute(df: DataFrame) -> DataFrame:
 
 # The target tables of the examples. The sink never creates or alters a target.
 #
-# LINEAGE_KEY_ORDER: the lineage key's columns are listed integers first. A
+# The lineage key's columns are listed integers first. A
 # window's rows share their topic (and window start), so with the topic first
 # every comparison of a sort or a B-tree descent compares equal texts before it
 # reaches the offset: building the unique index on a 1M-row staging took
@@ -71,7 +71,7 @@ ORDERS_TABLE_DDL = f"""
 CREATE SCHEMA IF NOT EXISTS analytics;
 CREATE TABLE IF NOT EXISTS analytics.orders ({_ORDERS_COLUMNS}
     -- lineage is unique: the database itself refuses a duplicate. Integers
-    -- first: the topic's text is compared only on ties (see LINEAGE_KEY_ORDER).
+    -- first: the topic's text is compared only on ties (see the note above).
     UNIQUE (eos_partition, eos_offset, eos_topic)
 );
 """

@@ -94,7 +94,7 @@ def test_search_with_a_lying_hint_on_a_steady_log_takes_a_few_probes():
     log.probes = 0
     middle = 1_234_567
     assert first_offset_at_or_after(log, tp, middle, 0, n + 1) == -(-middle * n // 3_599_000)
-    assert log.probes <= 6  # halving: 2 + 9
+    assert log.probes <= 6  # halving took 9
 
 
 @pytest.mark.parametrize("shape", ["burst at the end", "burst at the start", "idle hour in the middle",
