@@ -109,6 +109,9 @@ class PartitionLog(Protocol):
     def time_hint(self, tp: TopicPartition, timestamp_ms: int) -> int | None: ...
 
 
+PROBE_FETCH_BYTES = 64 * 1024
+
+
 class KafkaLog:
     """A PartitionLog over a real Kafka (or Kafka-protocol) cluster."""
 
@@ -116,8 +119,16 @@ class KafkaLog:
         self.timeout = timeout
         # Planning reads single records at scattered offsets: fetch little and
         # prefetch nothing, or every probe pulls megabytes it then throws away.
-        self._config = consumer_config({"max.partition.fetch.bytes": 64 * 1024, "queued.min.messages": 1,
-                                        **kafka_config})
+        # Both fetch limits: a broker may fill a response up to fetch.max.bytes
+        # (50 MB by default) whatever the partition's limit says; the embedded
+        # one does, and a probe into a 1M-record log took 21 ms (11 ms of it
+        # this client's CPU) instead of 1.4 ms. A record bigger than the limits
+        # still arrives whole: Kafka returns a partition's first batch regardless.
+        config = {"max.partition.fetch.bytes": PROBE_FETCH_BYTES, "message.max.bytes": PROBE_FETCH_BYTES,
+                  "queued.min.messages": 1, **kafka_config}
+        # librdkafka requires fetch.max.bytes >= message.max.bytes (which a user may have raised).
+        config.setdefault("fetch.max.bytes", max(PROBE_FETCH_BYTES, int(config["message.max.bytes"])))
+        self._config = consumer_config(config)
         try:
             self._consumer = Consumer(self._config)
         except KafkaException as exc:

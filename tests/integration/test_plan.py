@@ -24,7 +24,7 @@ from airflow_eos.core.errors import (
 )
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest, plan_window
-from airflow_eos.core.source import KafkaLog
+from airflow_eos.core.source import PROBE_FETCH_BYTES, KafkaLog
 from airflow_eos.core.windows import Window, to_millis
 from airflow_eos.testing.services import free_port
 from memlog import MemoryLog
@@ -159,6 +159,19 @@ def test_replanning_returns_the_frozen_plan_and_late_records_go_to_the_next_wind
     # at the first record >= its end; the late records sit after that
     assert [r.start_offset for r in nxt.ranges] == [60, 60]
     assert [r.end_offset for r in nxt.ranges] == [120, 120]
+
+
+def test_records_bigger_than_a_probe_fetch_are_planned_exactly(ledger, kafka_config, topics, monkeypatch):
+    """Planning fetches at most PROBE_FETCH_BYTES per probe; a bigger record still
+    arrives whole, by a probe and by the final scan, also when the connection
+    raises message.max.bytes for large records."""
+    monkeypatch.setattr("airflow_eos.core.plan.SCAN_BELOW", 4)  # probe, don't just scan 20 records
+    topic = topics.create(partitions=1)
+    big = b"x" * (3 * PROBE_FETCH_BYTES)
+    topics.produce(topic, [(0, ms(T0) + i * 10 * 60_000, big) for i in range(20)])  # one every 10 minutes
+    for pipeline, config in (("big", kafka_config), ("big-raised", {**kafka_config, "message.max.bytes": 10_000_000})):
+        got = plan(ledger, config, pipeline, T0 + HOUR, T0 + 2 * HOUR, [topic])
+        assert [(r.start_offset, r.end_offset) for r in got.ranges] == [(6, 12)], pipeline
 
 
 def test_concurrent_planners_of_one_window_agree(ledger, kafka_config, topics):
