@@ -422,7 +422,8 @@ class CpuMeter:
                 pass
         parts["ours"] = sum(parts[k] for k in ("broker", "spark", "postgres", "bench", "ended"))
         m = psutil.cpu_times()
-        parts["machine"] = sum(m) - m.idle - getattr(m, "iowait", 0.0) - getattr(m, "steal", 0.0)
+        # Busy = user + nice + system + irq + softirq (Linux counts guest time inside user already).
+        parts["machine"] = sum(getattr(m, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq"))
         return parts
 
     def measure(self) -> "CpuSpan":
