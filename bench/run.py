@@ -679,40 +679,40 @@ def run_at_least_once_on_connect(size: int, url: str, bootstrap: str, ends: dict
                                  remote: str, meter: CpuMeter) -> dict:
     """The same baseline as a Spark Connect client of the warm server the
     exactly-once stage used: both sides pay neither spark-submit nor JVM start."""
-    from airflow_eos.spark.session import spark_session, stop_session
-
     _fresh_alo_table(url)
     with TreeMemory(connect=True) as memory, meter.measure() as cpu:
-        started = time.perf_counter()
-        spark = spark_session("bench at-least-once", remote=remote)
-        report = at_least_once(spark, url, bootstrap, group, ends, f"alo_{size}", started)
-        wall = time.perf_counter() - started
-        stop_session(spark)
+        report, wall = at_least_once_on_connect(remote, url, bootstrap, group, ends, f"alo_{size}")
     return {**_alo_result(size, url, wall, report, 0.0, memory.peak), "cpu_s": cpu.seconds}
+
+
+def at_least_once_on_connect(remote: str, url: str, bootstrap: str, group: str, ends: dict[int, int],
+                             pipeline: str) -> tuple[dict, float]:
+    """The baseline in a session of its own on the Connect server: its report,
+    and the seconds from the session's start to the offset commit."""
+    from airflow_eos.spark.session import spark_session, stop_session
+
+    started = time.perf_counter()
+    spark = spark_session("bench at-least-once", remote=remote)
+    try:
+        report = at_least_once(spark, url, bootstrap, group, ends, pipeline, started)
+        return report, time.perf_counter() - started
+    finally:
+        stop_session(spark)
 
 
 _ALO_TASK: dict = {}  # the arguments of the baseline's Airflow task, set before its dag.test
 
 
 def _alo_task() -> dict:
-    from airflow_eos.spark.session import spark_session, stop_session
-
-    a = _ALO_TASK
-    started = time.perf_counter()
-    spark = spark_session("bench at-least-once (Airflow task)", remote=a["remote"])
-    try:
-        return at_least_once(spark, a["url"], a["bootstrap"], a["group"], a["ends"], a["pipeline"], started)
-    finally:
-        stop_session(spark)
+    return at_least_once_on_connect(**_ALO_TASK)[0]
 
 
 def at_least_once_dag():
     """The baseline as a user would schedule it: one Airflow task doing all of it."""
-    from airflow.providers.standard.operators.python import PythonOperator
-    from airflow.sdk import DAG
-
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    from airflow.providers.standard.operators.python import PythonOperator
+    from airflow.sdk import DAG
 
     with DAG("bench_at_least_once", schedule=None, start_date=T0, catchup=False) as dag:
         PythonOperator(task_id="at_least_once", python_callable=_alo_task)
@@ -955,10 +955,11 @@ def main(argv: list[str] | None = None) -> int:
             # database of its own, each baseline run a new table and group.
             eos_runs, alo_runs, alo_task_runs = [], [], []
             for j in range(args.repeats):
+                repeat_after = run_after + HOUR / 2 + j * HOUR / 16
                 checkpoint(pg.address)
                 eos_runs.append(run_exactly_once(
                     dags["orders_hourly_partitioned"], size, urls[f"partitioned_{j}"], capture,
-                    run_after + HOUR / 2 + j * HOUR / 16, connect_conn, "analytics.orders_partitioned", meter))
+                    repeat_after, connect_conn, "analytics.orders_partitioned", meter))
                 checkpoint(pg.address)
                 alo_runs.append(run_at_least_once_on_connect(size, url, bootstrap, ends,
                                                              f"alo-{size}-connect-{j}-{os.getpid()}", connect.url,
@@ -966,7 +967,7 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoint(pg.address)
                 alo_task_runs.append(run_at_least_once_in_airflow(
                     alo_dag, size, url, bootstrap, ends, f"alo-{size}-airflow-{j}-{os.getpid()}", connect.url,
-                    run_after + HOUR / 2 + j * HOUR / 16))
+                    repeat_after))
                 print(f"   run {j + 1}/{args.repeats}: exactly-once (partitioned) {eos_runs[-1]['window_s']:.2f}s, "
                       f"phases { {k2: round(v, 2) for k2, v in eos_runs[-1]['phases_s'].items()} }; "
                       f"at-least-once {alo_runs[-1]['wall_s']:.2f}s, as an Airflow task "
