@@ -355,8 +355,8 @@ def coverage_problems(planned: Sequence[PartitionRange], consumed: Sequence[Cons
     return problems
 
 
-def staging_problems(chunks: Sequence[StagedChunk], staged: Mapping[int, tuple[int, int]] | None,
-                     where: str) -> list[str]:
+def chunk_problems(chunks: Sequence[StagedChunk], staged: Mapping[int, tuple[int, int]] | None,
+                   where: str) -> list[str]:
     """Where the staging (``staged``: chunk -> (rows, dead letters) actually
     there, None if the staging is gone) differs from the checkpoint's chunks."""
     if staged is None:
@@ -383,14 +383,15 @@ class Readiness:
 
 
 def prepare(ledger: Ledger, attempt: Attempt,
-            count_staged: Callable[[Attempt], Mapping[int, tuple[int, int]] | None]) -> Readiness:
+            staging_problems: Callable[[Attempt, Checkpoint], list[str]]) -> Readiness:
     """The barrier (await_checkpoint). Not ready while the checkpoint is not
     written; prepared once the checkpoint covers the plan, the staging holds
     exactly what it counted and the attempt holds the current epoch.
 
-    ``count_staged(attempt)`` returns chunk -> (rows, dead letters) present in
-    the staging, or None when it is gone. Raises NotPrepared (with every
-    problem), AttemptFenced or AttemptClosed when waiting cannot help.
+    ``staging_problems(attempt, checkpoint)`` says where the staging differs
+    from the checkpoint (the sink's check; see Sink.staging_problems). Raises
+    NotPrepared (with every problem), AttemptFenced or AttemptClosed when
+    waiting cannot help.
     """
     fault_point("checkpoint.before_prepare")
     with ledger.connect() as conn:
@@ -404,7 +405,7 @@ def prepare(ledger: Ledger, attempt: Attempt,
             plan = ledger.load_plan(conn, attempt.window)
             checkpoint = load_checkpoint(conn, attempt)
         problems = coverage_problems(plan.ranges, checkpoint.ranges)
-        problems += staging_problems(checkpoint.chunks, count_staged(attempt), attempt.staging)
+        problems += staging_problems(attempt, checkpoint)
         if problems:
             raise NotPrepared(f"{attempt} cannot be prepared:\n  " + "\n  ".join(problems), missing=problems)
         with conn.transaction():

@@ -169,6 +169,21 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        4,
+        """
+        -- A sealed staging (partition_per_window: checked against its checkpoint,
+        -- indexed, waiting to be attached) refuses every change: a write task
+        -- still running after its job's commit, or a hand, cannot alter what the
+        -- checkpoint counted, so prepare and commit need not count it again.
+        CREATE FUNCTION eos.refuse_change_to_sealed_staging() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'staging %.% is sealed: it holds exactly its attempt''s checkpoint until it is '
+                            'published or dropped', TG_TABLE_SCHEMA, TG_TABLE_NAME;
+        END
+        $$;
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

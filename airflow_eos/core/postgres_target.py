@@ -24,10 +24,14 @@ Mode ``partition_per_window`` publishes without copying rows. The target is
 partitioned by ``RANGE (eos_window_start)`` and each window becomes one
 partition: begin creates the staging as a (logged) table shaped like the target,
 its window columns defaulting to the window and a CHECK constraint matching the
-partition bound; the job commit seals it (drops rows of chunks that are not in
-the checkpoint, builds the target's indexes) together with the checkpoint; the
-commit moves it into the target's schema and attaches it (``ATTACH PARTITION``)
-in the same transaction as the offsets. The constraint and indexes make the attach a
+partition bound; the job commit seals it together with the checkpoint: under an
+exclusive lock it drops rows of chunks that are not in the checkpoint, checks
+that each checkpointed chunk holds what its task counted, builds the target's
+indexes, and seals it (a trigger refuses every change). Logged and sealed, it
+holds exactly the checkpoint from then on: prepare only checks it is there, and
+the commit unseals it, moves it into the target's schema and attaches it
+(``ATTACH PARTITION``) in the same transaction as the offsets, counting nothing
+again. The constraint and indexes make the attach a
 catalog change (no scan, no index build), so publishing 1M rows takes ~0.1 s
 instead of seconds, and the heavy work happens where a failure only fails the
 stage. The partition keeps the attempt's staging name: it says which attempt
@@ -64,6 +68,7 @@ from airflow_eos.core.attempt import COMMITTED, Attempt, Checkpoint, StagedChunk
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.errors import (
     ConfigurationError,
+    InvalidCheckpoint,
     LedgerUnavailable,
     NotPrepared,
     TargetError,
@@ -83,6 +88,7 @@ DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "error", "key", "value")
 PARTITION_PER_WINDOW = "partition_per_window"
 MODES = ("replace_window", "upsert", PARTITION_PER_WINDOW)
 BOUND_CONSTRAINT = "eos_window_bound"  # partition_per_window: the staging's CHECK that matches the partition bound
+SEALED_TRIGGER = "eos_sealed"  # partition_per_window: a sealed staging refuses changes (migration 4)
 ON_COMMITTED = ("skip", "replace")
 
 
@@ -128,22 +134,6 @@ def parse_table_name(name: str) -> tuple[str | None, str]:
 
 def _staging_ids(staging: str) -> tuple[sql.Identifier, sql.Identifier]:
     return sql.Identifier(STAGING_SCHEMA, staging), sql.Identifier(STAGING_SCHEMA, staging + DEAD_LETTER_SUFFIX)
-
-
-def _keep_checkpointed_chunks(conn: psycopg.Connection, rows_table: sql.Identifier,
-                              chunks: list[int]) -> tuple[int, int]:
-    """Lock a staging (a writer still copying into it finishes first) and delete
-    the rows of chunks not in ``chunks`` (the checkpoint's): a task that staged
-    but never reached the job commit, or staged after it. Returns (rows kept,
-    rows deleted)."""
-    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(rows_table))
-    counts = dict(conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
-        sql.Identifier(CHUNK_COLUMN), rows_table)).fetchall())
-    unlisted = [c for c in counts if c not in chunks]
-    if unlisted:
-        conn.execute(sql.SQL("DELETE FROM {} WHERE {} = ANY({}::bigint[])").format(
-            rows_table, sql.Identifier(CHUNK_COLUMN), sql.Literal(unlisted)))
-    return sum(counts.get(c, 0) for c in chunks), sum(counts[c] for c in unlisted)
 
 
 def _connect(url: str, purpose: str, connect_timeout: int = 10) -> psycopg.Connection:
@@ -410,19 +400,25 @@ class PostgresTarget(Sink):
     # ------------------------------------------------------------------ seal (with the checkpoint)
 
     def seal(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint) -> None:
-        """partition_per_window, in the checkpoint's transaction: lock the staging
-        (a writer still copying into it finishes first), delete rows of chunks
-        the checkpoint does not name (a task that staged but never reached the
-        job commit), and build the target's indexes on it, so that the commit
-        only attaches. A duplicate key fails here, failing the stage with the
-        index named, not at commit."""
+        """partition_per_window, in the checkpoint's transaction: make the staging
+        hold exactly the checkpoint (_keep_checkpointed_chunks; a writer still
+        copying finishes first), build the target's indexes on it, so that the
+        commit only attaches, and seal it: a trigger refuses any change from
+        then on (a write task still running after the job's commit, a hand), so
+        prepare and commit need not count it again. A duplicate key fails here,
+        failing the stage with the index named, not at commit."""
         if self.mode != PARTITION_PER_WINDOW:
             return
         started = time.monotonic()
         rows_table, _ = _staging_ids(attempt.staging)
         try:
-            _, dropped = _keep_checkpointed_chunks(conn, rows_table, [c.chunk for c in checkpoint.chunks])
+            self._unseal(conn, attempt)  # a retried job commit seals again
+            dropped = self._keep_checkpointed_chunks(conn, attempt, checkpoint)
             built = self._build_target_indexes(conn, attempt, rows_table)
+            for table in _staging_ids(attempt.staging):
+                conn.execute(sql.SQL("CREATE TRIGGER {} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {}"
+                                     " FOR EACH STATEMENT EXECUTE FUNCTION eos.refuse_change_to_sealed_staging()"
+                                     ).format(sql.Identifier(SEALED_TRIGGER), table))
         except psycopg.errors.UndefinedTable as exc:
             raise TargetError(f"staging of {attempt} does not exist: the attempt was aborted or committed") from exc
         except psycopg.OperationalError:
@@ -432,6 +428,32 @@ class PostgresTarget(Sink):
                               f"{_pg_message(exc)}") from exc
         log.info("%s: staging sealed in %.2fs: %d index(es) of %s built, %d rows of chunks not in the checkpoint "
                  "removed", attempt, time.monotonic() - started, built, self.table, dropped)
+
+    @staticmethod
+    def _unseal(conn: psycopg.Connection, attempt: Attempt) -> None:
+        for table in _staging_ids(attempt.staging):
+            conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(SEALED_TRIGGER), table))
+
+    def _keep_checkpointed_chunks(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint) -> int:
+        """Lock the staging, delete what chunks the checkpoint does not name left
+        in it (a task that staged but never reached the job commit: lost after
+        its chunk committed, or a speculative copy), and check each checkpointed
+        chunk holds what its task counted. Returns the rows deleted. The one
+        scan of the staging in a window's life (see the module's docstring)."""
+        rows_table, dead_table = _staging_ids(attempt.staging)
+        conn.execute(sql.SQL("LOCK TABLE {}, {} IN ACCESS EXCLUSIVE MODE").format(rows_table, dead_table))
+        counts = self._count_chunks(conn, attempt)
+        listed = {c.chunk for c in checkpoint.chunks}
+        unlisted = [c for c in counts if c not in listed]
+        if unlisted:
+            for table in (rows_table, dead_table):
+                conn.execute(sql.SQL("DELETE FROM {} WHERE {} = ANY({}::bigint[])").format(
+                    table, sql.Identifier(CHUNK_COLUMN), sql.Literal(unlisted)))
+        problems = attempts.chunk_problems(checkpoint.chunks, counts, attempt.staging)
+        if problems:
+            raise InvalidCheckpoint(f"{attempt}: the staging does not hold what the write tasks reported, no "
+                                    "checkpoint written:\n  " + "\n  ".join(problems))
+        return sum(counts[c][0] for c in unlisted)
 
     def _build_target_indexes(self, conn: psycopg.Connection, attempt: Attempt, rows_table: sql.Identifier) -> int:
         """Build on the staging an equivalent of each of the target's indexes
@@ -469,15 +491,31 @@ class PostgresTarget(Sink):
     # ------------------------------------------------------------------ prepare
 
     def count_staged(self, attempt: Attempt) -> dict[int, tuple[int, int]] | None:
-        rows_table, dead_table = _staging_ids(attempt.staging)
         with self._connection(f"prepare {attempt}") as conn:
             try:
-                rows = conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
-                    sql.Identifier(CHUNK_COLUMN), rows_table)).fetchall()
-                dead = conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
-                    sql.Identifier(CHUNK_COLUMN), dead_table)).fetchall()
+                return self._count_chunks(conn, attempt)
             except psycopg.errors.UndefinedTable:
                 return None
+
+    def staging_problems(self, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
+        """partition_per_window: the seal checked the staging against the
+        checkpoint, in the checkpoint's transaction; it is logged (a crash keeps
+        it) and sealed (nothing can change it since), so it only has to be
+        there. Other modes count it: unlogged staging is emptied by a crash."""
+        if self.mode != PARTITION_PER_WINDOW:
+            return super().staging_problems(attempt, checkpoint)
+        with self._connection(f"prepare {attempt}") as conn:
+            there = self._staged_columns(conn, attempt) is not None
+        return [] if there else attempts.chunk_problems(checkpoint.chunks, None, attempt.staging)
+
+    @staticmethod
+    def _count_chunks(conn: psycopg.Connection, attempt: Attempt) -> dict[int, tuple[int, int]]:
+        """chunk -> (rows, dead letters) in the staging."""
+        rows_table, dead_table = _staging_ids(attempt.staging)
+        rows = conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
+            sql.Identifier(CHUNK_COLUMN), rows_table)).fetchall()
+        dead = conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
+            sql.Identifier(CHUNK_COLUMN), dead_table)).fetchall()
         counts = {chunk: (n, 0) for chunk, n in rows}
         for chunk, n in dead:
             counts[chunk] = (counts.get(chunk, (0, 0))[0], n)
@@ -542,7 +580,7 @@ class PostgresTarget(Sink):
                           "epoch": sql.Literal(attempt.epoch), "chunks": sql.Literal(chunks)}
                 fault_point("commit.before_publish")
                 if self.mode == PARTITION_PER_WINDOW:
-                    published = self._attach(conn, attempt, shape, rows_table, chunks)
+                    published = self._attach(conn, attempt, shape, rows_table, checkpoint)
                 else:
                     published = conn.execute(self._publish_sql(columns, shape, rows_table, values)).rowcount
                 fault_point("commit.after_publish")
@@ -600,12 +638,12 @@ class PostgresTarget(Sink):
         return rows
 
     def _attach(self, conn: psycopg.Connection, attempt: Attempt, shape: _Shape, rows_table: sql.Identifier,
-                chunks: list[int]) -> int:
+                checkpoint: Checkpoint) -> int:
         """partition_per_window's publish: the sealed staging becomes the window's
         partition, by catalog changes only (the seal built the indexes, the
-        bound's CHECK spares ATTACH its scan). Returns the rows published."""
-        # Again here: a writer of this attempt may have staged a chunk after the seal.
-        published, _ = _keep_checkpointed_chunks(conn, rows_table, chunks)
+        bound's CHECK spares ATTACH its scan). Returns the rows published: the
+        checkpoint's, which the seal found in the staging (sealed since)."""
+        self._unseal(conn, attempt)
         partition = sql.Identifier(shape.schema, attempt.staging)
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(rows_table, sql.Identifier(CHUNK_COLUMN)))
         conn.execute(sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(rows_table, sql.Identifier(shape.schema)))
@@ -614,7 +652,7 @@ class PostgresTarget(Sink):
                                                              sql.Literal(attempt.window_start),
                                                              sql.Literal(attempt.window_end)))
         conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(partition, sql.Identifier(BOUND_CONSTRAINT)))
-        return published
+        return checkpoint.row_count
 
     def _publish_sql(self, columns: tuple[str, ...], shape: _Shape, rows_table: sql.Identifier,
                      values: dict[str, sql.Literal]) -> sql.Composed:

@@ -97,7 +97,14 @@ class Sink(ABC):
 
     def prepare(self, attempt: Attempt) -> Readiness:
         """The barrier: see :func:`airflow_eos.core.attempt.prepare`."""
-        return attempts.prepare(self.ledger, attempt, self.count_staged)
+        return attempts.prepare(self.ledger, attempt, self.staging_problems)
+
+    def staging_problems(self, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
+        """Where the staging differs from ``checkpoint`` (prepare's check): by
+        default it is counted chunk by chunk. A sink whose seal verified the
+        staging against the checkpoint, and whose writers cannot add to it
+        afterwards, may check less."""
+        return attempts.chunk_problems(checkpoint.chunks, self.count_staged(attempt), attempt.staging)
 
     @abstractmethod
     def count_staged(self, attempt: Attempt) -> Mapping[int, tuple[int, int]] | None:

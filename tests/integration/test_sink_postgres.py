@@ -4,6 +4,7 @@ issue names. Rows are asserted exactly, lineage included."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import threading
 import time
@@ -15,10 +16,11 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from airflow_eos.core.attempt import ConsumedRange, load_offsets
+from airflow_eos.core.attempt import ConsumedRange, load_checkpoint, load_offsets
 from airflow_eos.core.errors import (
     AttemptClosed,
     AttemptFenced,
+    InvalidCheckpoint,
     LedgerUnavailable,
     NotPrepared,
     TargetError,
@@ -112,6 +114,11 @@ def stage(target, plan, *, version=1, prepare=True):
     if prepare:
         assert target.prepare(attempt).prepared
     return attempt
+
+
+def load_checkpoint_chunks(url, attempt):
+    with psycopg.connect(url) as conn:
+        return list(load_checkpoint(conn, attempt).chunks)
 
 
 def attempt_state(url, attempt):
@@ -278,10 +285,16 @@ def test_an_older_epoch_is_fenced(pg_url, orders, freeze_windows):
     assert published(pg_url) == [] and window_row(pg_url, plan.window)[0] == "planned"
     with pytest.raises(AttemptFenced):
         orders.prepare(zombie)
-    # A zombie may still write its own staging, but never checkpoint it.
-    late = orders.writer(zombie).write(records(plan, version=1)[:1])
+    # A zombie may still write its own staging (unless its seal closed it), but never checkpoint it.
+    zombie_writer = orders.writer(zombie)
+    if orders.mode == PARTITION_PER_WINDOW:
+        with pytest.raises(TargetError, match="is sealed"):
+            zombie_writer.write(records(plan, version=1)[:1])
+        late = []
+    else:
+        late = [zombie_writer.write(records(plan, version=1)[:1])]
     with pytest.raises(AttemptFenced):
-        orders.checkpoint(zombie, consumed(plan), [late])
+        orders.checkpoint(zombie, consumed(plan), late)
 
     writer = orders.writer(rerun)
     orders.checkpoint(rerun, consumed(plan), [writer.write([b]) for b in records(plan, version=2)])
@@ -337,6 +350,10 @@ def test_a_commit_killed_midway_leaves_nothing_and_a_retry_commits_once(pg_url, 
 # --------------------------------------------------------------------------- lost staging
 
 
+# Unlogged staging (a crash empties it) is counted by prepare and by commit. A
+# partition_per_window staging is logged and sealed with its checkpoint: see
+# test_sealed_staging_refuses_every_change.
+@pytest.mark.parametrize("orders", ["replace_window"], indirect=True)
 def test_staging_partly_lost_before_prepare_is_refused_then_restaged(pg_url, orders, freeze_windows):
     [plan] = freeze_windows("p", [0])
     attempt = stage(orders, plan, prepare=False)
@@ -355,6 +372,7 @@ def test_staging_partly_lost_before_prepare_is_refused_then_restaged(pg_url, ord
     assert published(pg_url) == expected_rows(plan)
 
 
+@pytest.mark.parametrize("orders", ["replace_window"], indirect=True)
 def test_staging_lost_after_prepare_is_refused_at_commit_then_restaged(pg_url, orders, freeze_windows):
     [plan] = freeze_windows("p", [0])
     attempt = stage(orders, plan)
@@ -365,6 +383,51 @@ def test_staging_lost_after_prepare_is_refused_at_commit_then_restaged(pg_url, o
 
     rerun = stage(orders, plan)
     assert orders.commit(rerun).published_rows == 10
+    assert published(pg_url) == expected_rows(plan)
+
+
+@pytest.mark.parametrize("orders", [PARTITION_PER_WINDOW], indirect=True)
+def test_sealed_staging_refuses_every_change(pg_url, orders, freeze_windows):
+    """The seal checked the staging against the checkpoint; from then on neither
+    a late write task nor a hand can change it (prepare and commit trust it),
+    until the commit attaches it as an ordinary partition."""
+    [plan] = freeze_windows("p", [0])
+    attempt = stage(orders, plan, prepare=False)
+    rows, dead = f"eos_staging.{attempt.staging}", f"eos_staging.{attempt.staging}_dl"
+    for change in (f"DELETE FROM {rows} WHERE eos_offset < 2", f"TRUNCATE {rows}", f"UPDATE {rows} SET note = 'x'",
+                   f"INSERT INTO {rows} SELECT * FROM {rows} LIMIT 1", f"DELETE FROM {dead}", f"TRUNCATE {dead}"):
+        with pytest.raises(psycopg.errors.RaiseException, match=r"staging .* is sealed"):
+            execute(pg_url, change)
+    with pytest.raises(TargetError, match="is sealed"):  # a write task of the attempt, after its job's commit
+        orders.writer(attempt).write(records(plan)[:1])
+    assert execute(pg_url, f"SELECT count(*) FROM {rows}") == [(10,)]
+    # A retried job commit seals again, checking the staging again.
+    orders.checkpoint(attempt, consumed(plan), load_checkpoint_chunks(pg_url, attempt))
+    assert orders.prepare(attempt).prepared
+    assert orders.commit(attempt).published_rows == 10
+    assert published(pg_url) == expected_rows(plan)
+    # Published, it is an ordinary partition again.
+    execute(pg_url, f"UPDATE analytics.{attempt.staging} SET note = note")
+    assert published(pg_url) == expected_rows(plan)
+
+
+@pytest.mark.parametrize("orders", [PARTITION_PER_WINDOW], indirect=True)
+def test_seal_refuses_a_checkpoint_the_staging_does_not_hold(pg_url, orders, freeze_windows):
+    """The seal is where a partition_per_window staging is counted: a chunk
+    holding other than its task reported fails the job commit, and no
+    checkpoint is written."""
+    [plan] = freeze_windows("p", [0])
+    attempt = orders.begin(plan.window)
+    writer = orders.writer(attempt)
+    chunks = [writer.write([batch]) for batch in records(plan)]
+    miscounted = [dataclasses.replace(chunks[0], rows=chunks[0].rows + 1), chunks[1]]
+    with pytest.raises(InvalidCheckpoint, match=f"chunk {chunks[0].chunk}: checkpoint counted 6 rows and 0 dead "
+                                                f"letters, staging {attempt.staging} holds 5 and 0"):
+        orders.checkpoint(attempt, consumed(plan), miscounted)
+    assert attempt_state(pg_url, attempt) == ("open", None)
+    orders.checkpoint(attempt, consumed(plan), chunks)
+    assert orders.prepare(attempt).prepared
+    assert orders.commit(attempt).published_rows == 10
     assert published(pg_url) == expected_rows(plan)
 
 
@@ -731,11 +794,12 @@ def test_partition_per_window_attaches_the_sealed_staging_without_copying_a_row(
                               " ORDER BY 1", (staging,))
     assert indexes == [(f"eos_staging.{attempt.staging}_i1",), (f"eos_staging.{attempt.staging}_i2",)]
     assert execute(pg_url, f"SELECT count(*) FROM {staging}") == [(10,)]
-    # Tasks of this attempt staging after the seal: a copy of a checkpointed chunk
-    # hits the unique index; other rows are staged but never checkpointed.
-    with pytest.raises(TargetError, match="duplicate key value violates unique constraint"):
-        writer.write([batches[1]])
-    writer.write([batches[1].set_column(6, "eos_offset", pa.array(range(100, 105), pa.int64()))])
+    # Tasks of this attempt staging after the seal (a lost task still running) are
+    # refused: the sealed staging holds exactly the checkpoint, so nothing counts it again.
+    for late in (batches[1], batches[1].set_column(6, "eos_offset", pa.array(range(100, 105), pa.int64()))):
+        with pytest.raises(TargetError, match=f"staging eos_staging.{attempt.staging} is sealed"):
+            writer.write([late])
+    assert execute(pg_url, f"SELECT count(*) FROM {staging}") == [(10,)]
     assert target.prepare(attempt).prepared
     filenode = relation(pg_url, staging)[0]
 

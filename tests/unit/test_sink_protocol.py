@@ -18,7 +18,7 @@ from airflow_eos.core.attempt import (
     coverage_problems,
     make_checkpoint,
     staging_name,
-    staging_problems,
+    chunk_problems,
 )
 from airflow_eos.core.errors import ConfigurationError, InvalidCheckpoint
 from airflow_eos.core.postgres_target import PostgresTarget, StagingWriter, _csv, parse_table_name
@@ -122,15 +122,15 @@ def test_coverage_problems_say_exactly_what_is_missing():
         "t[0]: planned [0, 10), consumed [0, 12): read outside the plan"]
 
 
-def test_staging_problems_compare_every_checkpointed_chunk():
+def test_chunk_problems_compare_every_checkpointed_chunk():
     chunks = [StagedChunk(1, 10, 0, "0"), StagedChunk(2, 5, 2, "0")]
-    assert staging_problems(chunks, {1: (10, 0), 2: (5, 2), 99: (7, 0)}, "s") == []  # 99: an unlisted chunk
-    assert staging_problems(chunks, {1: (10, 0), 2: (5, 1)}, "s") == [
+    assert chunk_problems(chunks, {1: (10, 0), 2: (5, 2), 99: (7, 0)}, "s") == []  # 99: an unlisted chunk
+    assert chunk_problems(chunks, {1: (10, 0), 2: (5, 1)}, "s") == [
         "chunk 2: checkpoint counted 5 rows and 2 dead letters, staging s holds 5 and 1"]
-    assert staging_problems(chunks, {}, "s") == [
+    assert chunk_problems(chunks, {}, "s") == [
         "chunk 1: checkpoint counted 10 rows and 0 dead letters, staging s holds 0 and 0",
         "chunk 2: checkpoint counted 5 rows and 2 dead letters, staging s holds 0 and 0"]
-    assert "is gone" in staging_problems(chunks, None, "s")[0]
+    assert "is gone" in chunk_problems(chunks, None, "s")[0]
 
 
 # --------------------------------------------------------------------------- configuration and writer
