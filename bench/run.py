@@ -835,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="consumers / COPY connections / local[N] of the read ceiling")
     parser.add_argument("--out", type=Path, default=HERE, help="where results.md and results.json go")
     parser.add_argument("--note", default="", help="a line for results.md (e.g. what changed)")
-    parser.add_argument("--repeats", type=int, default=int(os.environ.get("REPEATS") or 3),
+    parser.add_argument("--repeats", type=int, default=int(os.environ.get("REPEATS") or 5),
                         help="runs of the headline pair (exactly-once §2, at-least-once §3) per size, "
                              "interleaved; the median run is reported (default: %(default)s; env REPEATS)")
     args = parser.parse_args(argv)
@@ -850,7 +850,7 @@ def main(argv: list[str] | None = None) -> int:
     airflow_env(work / "airflow-home")
     load_start = os.getloadavg()
     busy = heavy_processes()
-    measured_at = datetime.now(timezone.utc)
+    measured_at, run_started = datetime.now(timezone.utc), time.perf_counter()
     print(f"bench: sizes {sizes}, load average {load_start}, work dir {work}", flush=True)
     if busy:
         print("bench: other busy processes now (figures will be lower):\n  " + "\n  ".join(busy), flush=True)
@@ -1008,6 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
     results["load_average"] = {"start": load_start, "end": os.getloadavg()}
     results["busy_processes_at_start"] = busy
     results["measured_at"] = measured_at.isoformat(timespec="seconds")
+    results["bench_seconds"] = round(time.perf_counter() - run_started, 1)
     results["note"] = args.note
     big = results["sizes"].get(1_000_000) or results["sizes"][max(results["sizes"])]
     small = results["sizes"].get(10_000) or results["sizes"][min(results["sizes"])]
@@ -1090,7 +1091,8 @@ def render_markdown(res: dict) -> str:
     b = lambda r: r["exactly_once_submit"]  # noqa: E731
     c = lambda r: r["exactly_once_insert_select"]  # noqa: E731
     out = ["# airflow-eos benchmark results\n\n",
-           f"Measured {res['measured_at']} by `make bench` (bench/run.py), all figures from this one run.",
+           f"Measured {res['measured_at']} by `make bench` (bench/run.py), all figures from this one run"
+           + (f" ({res['bench_seconds'] / 60:.1f} min)." if "bench_seconds" in res else "."),
            f" {res['note']}\n\n" if res.get("note") else "\n\n",
            f"**Machine**: {m['nproc']} cores ({m['cpu']}), {m['memory_gib']} GiB, Linux {m['kernel']}. "
            f"Load average (1/5/15 min) at start {tuple(round(x, 2) for x in res['load_average']['start'])}, "
@@ -1104,7 +1106,7 @@ def render_markdown(res: dict) -> str:
            "\nRecords: order events (JSON values of ~100 B), 4 partitions, one hourly window. Spark local[2].\n",
            "\n## Headline\n\n",
            f"- 1M window: end-to-end / slowest ceiling = **{res['e2e_over_ceiling_1m']:.2f}** (target ≥ 0.5)\n",
-           f"- 1M window: exactly-once overhead over at-least-once = **{res['overhead_vs_at_least_once_1m'] * 100:.0f} %** "
+           f"- 1M window: exactly-once overhead over at-least-once = **{res['overhead_vs_at_least_once_1m'] * 100:.1f} %** "
            "(target ≤ 15 %)\n",
            f"- commit (publish) of the 1M staged rows: **{res['commit_1m_seconds']:.2f} s** in the core "
            f"(commit task {res['commit_1m_task_seconds']:.2f} s) (target ≤ 2 s); by INSERT … SELECT (§2a) "
@@ -1298,7 +1300,7 @@ METHOD = """## Method and fairness
   task's start to its end like the exactly-once window's four tasks. The
   headline overhead stays the one against the bare baseline.
 - **Repeats.** The headline runs (§2 and §3 on Spark Connect, and the
-  baseline as an Airflow task) run `--repeats` times per size (default 3),
+  baseline as an Airflow task) run `--repeats` times per size (default 5),
   interleaved (exactly-once, baseline, baseline task, exactly-once, ...), each
   exactly-once run a new window in a database of its own; the tables show the
   median run of each and list every run, and the ratios compare the medians.
