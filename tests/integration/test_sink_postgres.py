@@ -412,6 +412,46 @@ def test_sealed_staging_refuses_every_change(pg_url, orders, freeze_windows):
 
 
 @pytest.mark.parametrize("orders", [PARTITION_PER_WINDOW], indirect=True)
+def test_seal_waits_for_a_writer_still_copying_then_drops_its_chunk(pg_url, orders, freeze_windows):
+    """A write task the job commit did not wait for (lost, or a speculative copy)
+    may still be copying when the seal starts: the seal waits for its
+    transaction, then drops its chunk (not in the checkpoint). A writer that
+    starts after the seal is refused."""
+    [plan] = freeze_windows("p", [0])
+    attempt = orders.begin(plan.window)
+    writer = orders.writer(attempt)
+    batches = records(plan)
+    listed = [writer.write([batch]) for batch in batches]
+    copying, release = threading.Event(), threading.Event()
+
+    def slow_batches():
+        yield batches[0]
+        copying.set()
+        release.wait(20)
+
+    straggler = Background(writer.write, slow_batches())
+    assert copying.wait(10)
+    seal = Background(orders.checkpoint, attempt, consumed(plan), listed)
+    deadline = time.monotonic() + 10
+    while not execute(pg_url, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
+        assert time.monotonic() < deadline, "the seal never waited for the writer"
+        time.sleep(0.02)
+    assert seal.is_alive() and attempt_state(pg_url, attempt)[0] == "open"
+    release.set()
+    chunk, error = straggler.outcome()
+    assert error is None and chunk.rows == 5  # the straggler committed its chunk ...
+    _, error = seal.outcome()
+    assert error is None and attempt_state(pg_url, attempt)[0] == "checkpointed"
+    staged = execute(pg_url, f"SELECT count(*) FROM eos_staging.{attempt.staging}")
+    assert staged == [(10,)]  # ... and the seal dropped it
+    with pytest.raises(TargetError, match="is sealed"):
+        writer.write([batches[1]])
+    assert orders.prepare(attempt).prepared
+    assert orders.commit(attempt).published_rows == 10
+    assert published(pg_url) == expected_rows(plan)
+
+
+@pytest.mark.parametrize("orders", [PARTITION_PER_WINDOW], indirect=True)
 def test_seal_refuses_a_checkpoint_the_staging_does_not_hold(pg_url, orders, freeze_windows):
     """The seal is where a partition_per_window staging is counted: a chunk
     holding other than its task reported fails the job commit, and no
