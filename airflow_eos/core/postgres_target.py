@@ -415,10 +415,7 @@ class PostgresTarget(Sink):
             self._unseal(conn, attempt)  # a retried job commit seals again
             dropped = self._keep_checkpointed_chunks(conn, attempt, checkpoint)
             built = self._build_target_indexes(conn, attempt, rows_table)
-            for table in _staging_ids(attempt.staging):
-                conn.execute(sql.SQL("CREATE TRIGGER {} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {}"
-                                     " FOR EACH STATEMENT EXECUTE FUNCTION eos.refuse_change_to_sealed_staging()"
-                                     ).format(sql.Identifier(SEALED_TRIGGER), table))
+            self._refuse_changes(conn, attempt)
         except psycopg.errors.UndefinedTable as exc:
             raise TargetError(f"staging of {attempt} does not exist: the attempt was aborted or committed") from exc
         except psycopg.OperationalError:
@@ -428,6 +425,14 @@ class PostgresTarget(Sink):
                               f"{_pg_message(exc)}") from exc
         log.info("%s: staging sealed in %.2fs: %d index(es) of %s built, %d rows of chunks not in the checkpoint "
                  "removed", attempt, time.monotonic() - started, built, self.table, dropped)
+
+    @staticmethod
+    def _refuse_changes(conn: psycopg.Connection, attempt: Attempt) -> None:
+        """The seal proper: from now on the staging's tables refuse every change."""
+        for table in _staging_ids(attempt.staging):
+            conn.execute(sql.SQL("CREATE TRIGGER {} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {}"
+                                 " FOR EACH STATEMENT EXECUTE FUNCTION eos.refuse_change_to_sealed_staging()"
+                                 ).format(sql.Identifier(SEALED_TRIGGER), table))
 
     @staticmethod
     def _unseal(conn: psycopg.Connection, attempt: Attempt) -> None:
