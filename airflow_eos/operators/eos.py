@@ -115,12 +115,13 @@ class EosPlanWindowOperator(BaseSensorOperator):
         poke_interval: float = 60,
         **kwargs: Any,
     ) -> None:
+        # Before the base class adds the task to the DAG: a refused task leaves no trace there.
+        check_skew_rule(max_timestamp_skew, on_skewed_timestamp, f"task {kwargs.get('task_id')!r}")
         super().__init__(poke_interval=poke_interval, **kwargs)
         if isinstance(topics, str):
             raise ValueError(f"topics must be a list of topic names, not the string {topics!r}")
         if not topics:
             raise ValueError("topics must not be empty")
-        check_skew_rule(max_timestamp_skew, on_skewed_timestamp, f"task {self.task_id!r}")
         self.pipeline = pipeline
         self.topics = list(topics)
         self.kafka_conn_id = kafka_conn_id
