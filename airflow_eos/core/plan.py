@@ -172,41 +172,105 @@ def records_after(log_: PartitionLog, tp: TopicPartition, offset: int, hi: int) 
     return after, read_to
 
 
-def held_behind(cut: Record, after: list[Record], t_ms: int, skew_ms: int) -> Record | None:
-    """The first record of ``after`` that follows ``cut`` and is stamped before
-    t, if ``cut`` is stamped more than the skew beyond t: a cut there holds that
-    record back. None: a cut there holds nothing back (or it is not skewed)."""
+def held_behind(log_: PartitionLog, tp: TopicPartition, cut: Record, after: list[Record], read_to: int,
+                t_ms: int, skew_ms: int, hi: int) -> Record | None:
+    """A record after ``cut`` stamped before t, if ``cut`` is stamped more than
+    the skew beyond t: a cut there holds that record back. None: a cut there
+    holds nothing back that can be seen (or it is not skewed).
+
+    ``after`` and ``read_to`` are what records_after returned for a cut at or
+    before this one. Where no record read after the cut is stamped more than
+    the skew before it (a run of skewed records longer than the read, or a
+    partition that was silent and goes on), the first record that is, is
+    looked for with a few probes; if it is older than t, the cut holds it."""
     if cut.timestamp_ms <= t_ms + skew_ms:
         return None
-    return next((r for r in after if r.offset > cut.offset and r.timestamp_ms < t_ms), None)
+    older = next((r for r in after if r.offset > cut.offset and r.timestamp_ms < t_ms), None)
+    run_limit = cut.timestamp_ms - skew_ms  # records stamped above this are of the cut's run
+    if older is None and read_to < hi and all(r.timestamp_ms > run_limit for r in after
+                                              if cut.offset < r.offset < read_to):
+        first = first_after_run(log_, tp, read_to, hi, run_limit)
+        if first is not None and first.timestamp_ms < t_ms:
+            older = first
+    return older
+
+
+def first_after_run(log_: PartitionLog, tp: TopicPartition, start: int, hi: int, limit_ms: int) -> Record | None:
+    """The first record at/after ``start`` stamped <= limit_ms, where a run of
+    records stamped beyond it starts at ``start``, or None if the run reaches hi.
+
+    Probes at growing distances (SCAN_BELOW, twice that, ...) until one lands
+    past the run, then halves back to the run's end and reads the rest: about
+    2 log2(run / SCAN_BELOW) probes. The run is taken to be one: a burst of
+    records from a wrong clock, then the log as it was. The newest
+    TAIL_OFFSETS offsets are not probed (records_after read them)."""
+    false_to = start  # every offset below this has its first record stamped beyond the limit (or is the run's)
+    step, at = SCAN_BELOW, start
+    found: Record | None = None
+    while at < hi:
+        rec = log_.first_at_or_after(tp, at, hi)
+        if rec is None:
+            return None
+        if rec.timestamp_ms <= limit_ms:
+            found = rec
+            break
+        false_to = rec.offset + 1
+        at, step = min(rec.offset + step, hi - TAIL_OFFSETS), step * 2
+        if at <= rec.offset:
+            return None  # the run goes on into the newest records
+    if found is None:
+        return None
+    right = at  # the first record at/after `right` is `found`, within the limit
+    while right - false_to > SCAN_BELOW:
+        middle = (false_to + right) // 2
+        rec = log_.first_at_or_after(tp, middle, hi)
+        if rec is not None and rec.timestamp_ms <= limit_ms:
+            right, found = middle, rec
+        else:
+            false_to = rec.offset + 1 if rec is not None else hi
+    return next((r for r in log_.records(tp, false_to, right) if r.timestamp_ms <= limit_ms), found)
 
 
 def _first_record_past_skew(
     log_: PartitionLog, tp: TopicPartition, at: datetime, lo: int, hi: int, *,
     max_timestamp_skew: timedelta, on_skewed_timestamp: str, window: Window | None,
-) -> tuple[Record | None, list[tuple[Record, Record]]]:
+) -> tuple[Record | None, list[tuple[Record, int, Record]]]:
     """The first record in ``[lo, hi)`` stamped >= ``at`` that is not a skewed
-    cut, and the skewed records passed over on the way, each with the older
-    record that follows it. Under "fail" the first skewed record raises.
+    cut, and the skewed records passed over on the way: each as (the record,
+    the last offset of its run, the older record that follows). Under "fail"
+    the first skewed record raises.
 
     Costs nothing more on a sane log: only a record stamped beyond the skew is
-    looked behind, with one short read and one read of the tail."""
+    looked behind (one short read, one read of the tail, probes past a run)."""
     t_ms, skew_ms = to_millis(at), int(max_timestamp_skew.total_seconds() * 1000)
-    passed: list[tuple[Record, Record]] = []
+    passed: list[tuple[Record, int, Record]] = []
     candidate = first_record_at_or_after(log_, tp, t_ms, lo, hi)
     while candidate is not None and candidate.timestamp_ms > t_ms + skew_ms:
         after, read_to = records_after(log_, tp, candidate.offset, hi)
-        while candidate is not None and (older := held_behind(candidate, after, t_ms, skew_ms)) is not None:
+        resume = read_to
+        while candidate is not None and (
+                older := held_behind(log_, tp, candidate, after, read_to, t_ms, skew_ms, hi)) is not None:
             if on_skewed_timestamp == ON_SKEWED_FAIL:
                 raise SkewedTimestamp(_skewed_message(window, tp, at, candidate, older, max_timestamp_skew))
-            passed.append((candidate, older))
+            if older.offset >= read_to and older not in after:
+                # Found past a run of skewed records longer than the read: the run is passed over whole.
+                passed.append((candidate, older.offset - 1, older))
+                candidate, resume = None, older.offset
+                break
+            passed.append((candidate, candidate.offset, older))
             # The next record at/after t within the read (it saw every record up to read_to).
             candidate = next((r for r in after if candidate.offset < r.offset < read_to and r.timestamp_ms >= t_ms),
                              None)
         if candidate is not None:
             return candidate, passed
-        candidate = first_record_at_or_after(log_, tp, t_ms, read_to, hi) if read_to < hi else None
+        candidate = first_record_at_or_after(log_, tp, t_ms, resume, hi) if resume < hi else None
     return candidate, passed
+
+
+def _passed_over(record: Record, last: int, older: Record) -> str:
+    span = f"offset {record.offset}" if last == record.offset else f"offsets {record.offset} to {last}, the first"
+    return (f"{span} stamped {describe_millis(record.timestamp_ms)} (offset {older.offset} after it: "
+            f"{describe_millis(older.timestamp_ms)})")
 
 
 def _skewed_message(window: Window | None, tp: TopicPartition, at: datetime, record: Record, older: Record,
@@ -266,12 +330,11 @@ def resolve_cut(
         window=window) if lo < hi else (None, [])
     if passed:
         log.warning(
-            "%s%s: %d record(s) stamped more than max_timestamp_skew (%s) beyond %s are followed by older records; "
+            "%s%s: records stamped more than max_timestamp_skew (%s) beyond %s are followed by older records; "
             "on_skewed_timestamp=%r: they do not close the window and are published in the window of their "
-            "offset: %s%s", f"window {window}: " if window is not None else "", tp, len(passed), max_timestamp_skew,
+            "offset: %s%s", f"window {window}: " if window is not None else "", tp, max_timestamp_skew,
             at.isoformat(), on_skewed_timestamp,
-            ", ".join(f"offset {r.offset} stamped {describe_millis(r.timestamp_ms)} (offset {o.offset} after it: "
-                      f"{describe_millis(o.timestamp_ms)})" for r, o in passed[:5]),
+            ", ".join(_passed_over(r, last, o) for r, last, o in passed[:5]),
             " ..." if len(passed) > 5 else "")
     if found is not None:
         return clamp(found.offset, CUT_BY_SKEWED if passed else CUT_BY_RECORD)

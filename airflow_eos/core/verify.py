@@ -430,10 +430,10 @@ class _Audit:
                 record = log_.first_at_or_after(tp, cut, bounds[tp].end)
                 if record is None or record.timestamp_ms <= to_millis(end) + skew_ms:
                     continue
-                after, _ = records_after(log_, tp, record.offset, bounds[tp].end)
+                after, read_to = records_after(log_, tp, record.offset, bounds[tp].end)
+                older = held_behind(log_, tp, record, after, read_to, to_millis(end), skew_ms, bounds[tp].end)
             except (OffsetsExpired, LogTruncated, UnknownTopic):
                 continue  # reported as SOURCE where a committed range cannot be read
-            older = held_behind(record, after, to_millis(end), skew_ms)
             if older is None:
                 continue
             self.violations.append(Violation(

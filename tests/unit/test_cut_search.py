@@ -304,3 +304,33 @@ def test_the_skew_rule_is_checked():
         plan.PlanRequest(window, ("t",), max_timestamp_skew=3600)
     with pytest.raises(plan.ConfigurationError, match=r"on_skewed_timestamp .* must be 'fail' or 'position', got 'skip'"):
         plan.PlanRequest(window, ("t",), on_skewed_timestamp="skip")
+
+
+@pytest.mark.parametrize("burst", [8, 5000, 100_000])
+def test_a_burst_longer_than_the_read_is_found_by_probes(burst):
+    """A producer's wrong clock for a while: a run of records stamped 2030, longer
+    than the read behind the first (SCAN_BELOW offsets), then the log as it was,
+    with newest records that are not older than the boundary. Probes find where
+    the run ends; a few per doubling of its length."""
+    log, tp = _issue_log(outliers=burst)
+    first_after = 10 + burst
+    with patch.object(plan, "SCAN_BELOW", 4 if burst == 8 else plan.SCAN_BELOW):
+        with pytest.raises(SkewedTimestamp, match=rf"offset 10 is stamped 2030.*offset {first_after} after it"):
+            _cut(log, tp, T0 + 2 * HOUR, CutContext(lower=10))
+        log.probes = log.reads = 0
+        cut = _cut(log, tp, T0 + 2 * HOUR, CutContext(lower=10), on_skewed_timestamp="position")
+    assert (cut.offset, cut.how) == (first_after + 10, plan.CUT_BY_SKEWED)  # hour 1 is in this window too
+    assert log.probes <= 2 * math.log2(max(burst, 2)) + 12, log.probes
+
+
+def test_a_silent_partition_is_not_a_burst():
+    """A partition silent for three hours, then the log goes on: the cut's record
+    is beyond the skew, nothing after it is older than the boundary, and the
+    probes that look for the run's end stop at the newest records."""
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, [_ms(T0) + i * 360_000 for i in range(10)]
+                           + [_ms(T0 + 4 * HOUR) + i * 100 for i in range(200_000)])
+    log.probes = 0
+    cut = _cut(log, tp, T0 + HOUR, CutContext(lower=10))
+    assert (cut.offset, cut.how) == (10, CUT_BY_RECORD)
+    assert log.probes <= 2 * math.log2(200_000 / plan.SCAN_BELOW) + 4
