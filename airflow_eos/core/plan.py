@@ -282,9 +282,10 @@ def _skewed_message(window: Window | None, tp: TopicPartition, at: datetime, rec
         f"it is stamped {describe_millis(older.timestamp_ms)}, before that boundary. A cut at offset "
         f"{record.offset} would hold every later record of the partition there until a window ends after "
         f"{describe_millis(record.timestamp_ms)} (past retention, they are lost); nothing was frozen. "
-        "Fix the producer's timestamps, or set on_skewed_timestamp=\"position\" for this pipeline (such records "
-        "are then published in the window of their offset) and clear the run. If the partition was really silent "
-        "for longer than max_timestamp_skew and the older record is late data, raise max_timestamp_skew instead."
+        "Set on_skewed_timestamp=\"position\" for this pipeline (such records are then published in the window "
+        "of their offset) and clear the run; or, if the partition was really silent for longer than "
+        "max_timestamp_skew and the older record is late data, raise max_timestamp_skew. Fixing the producer's "
+        "clock stops new ones; this record stays in the log."
     )
 
 
