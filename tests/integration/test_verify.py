@@ -347,7 +347,8 @@ def test_a_partition_held_by_a_far_future_cut_is_not_clean(ledger, kafka_config,
             for p in (0, 1):
                 tp = TopicPartition(topic, p)
                 recs = log_.records(tp, 0, log_.bounds(tp).end)
-                end = next(r.offset for r in recs if r.offset >= lower[p] and r.timestamp_ms >= to_millis(T0 + (i + 1) * HOUR))
+                boundary = to_millis(T0 + (i + 1) * HOUR)
+                end = next(r.offset for r in recs if r.offset >= lower[p] and r.timestamp_ms >= boundary)
                 ranges.append(PartitionRange(topic, p, lower[p], end))
                 lower[p] = end
             plans.append(WindowPlan(Window(PIPELINE, T0 + i * HOUR, T0 + (i + 1) * HOUR), tuple(ranges)))
