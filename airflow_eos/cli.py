@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--max-examples", type=int, default=20, metavar="N",
                        help="list at most N violations of each kind per window (default: %(default)s); "
                             "counts stay exact")
+    check.add_argument("--max-timestamp-skew", type=parse_duration, default=timedelta(hours=1), metavar="DURATION",
+                       help="the pipeline's max_timestamp_skew (default: 1h): a partition whose last committed "
+                            "end cut is a record stamped more than this beyond its window's end, with older records "
+                            "after it, is reported as held")
     check.add_argument("--limit", type=int, default=50, metavar="N",
                        help="show at most N clean windows in the table, the latest (default: %(default)s; "
                             "0 shows all); windows with violations are always shown")
@@ -304,7 +308,8 @@ def cmd_verify(args, out: TextIO) -> int:
     ledger = Ledger(_postgres_url(args))
     kafka = _kafka_config(args, required=True)
     report = verify(ledger, kafka, args.table, args.pipeline, count_column=args.count_column,
-                    max_examples=args.max_examples, timeout=args.kafka_timeout)
+                    max_examples=args.max_examples, timeout=args.kafka_timeout,
+                    max_timestamp_skew=args.max_timestamp_skew)
     print_report(report, out, limit=args.limit)
     return OK if report.clean else VIOLATIONS
 

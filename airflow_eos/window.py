@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow.sdk import Asset, TaskGroup
 from airflow_eos.core.errors import ConfigurationError
+from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
 from airflow_eos.core.postgres_target import PostgresTarget
 from airflow_eos.core.source import KafkaSource
 from airflow_eos.operators.eos import (
@@ -44,6 +45,8 @@ def exactly_once_window(
     transform: str | None = None,
     spark_conn_id: str = "spark_default",
     idle_partition_grace: timedelta = timedelta(minutes=5),
+    max_timestamp_skew: timedelta = DEFAULT_MAX_TIMESTAMP_SKEW,
+    on_skewed_timestamp: str = ON_SKEWED_FAIL,
     max_records_per_task: int = 1_000_000,
     max_bad_records: int = 0,
     deferrable: bool = False,
@@ -63,6 +66,10 @@ def exactly_once_window(
     :param spark_conn_id: a ``spark`` connection (spark-submit: local mode or a cluster) or a
         ``spark_connect`` connection (the stage runs on that Spark Connect server)
     :param idle_partition_grace: how long a silent partition may hold the window open
+    :param max_timestamp_skew: how far beyond a window boundary a record may be stamped before,
+        followed by older records, it counts as skewed (a cut there would stall the partition)
+    :param on_skewed_timestamp: ``"fail"`` (default: plan fails naming the record, nothing is
+        frozen) or ``"position"`` (the record is published in the window of its offset)
     :param max_records_per_task: Kafka ranges wider than this are split over Spark tasks
     :param max_bad_records: records rejected into the dead-letter table before the window fails
     :param deferrable: plan and await_checkpoint wait in the triggerer, not a worker slot
@@ -78,6 +85,7 @@ def exactly_once_window(
                                  "a URL would put its password into the DAG and the task logs")
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", pipeline or ""):
         raise ConfigurationError(f"pipeline id {pipeline!r} must be letters, digits, '_', '.' or '-'")
+    check_skew_rule(max_timestamp_skew, on_skewed_timestamp, f"pipeline {pipeline!r}")
     wait = {"deferrable": deferrable}
     if not deferrable:
         wait["mode"] = "reschedule"
@@ -86,7 +94,8 @@ def exactly_once_window(
         plan = EosPlanWindowOperator(
             task_id="plan", pipeline=pipeline, topics=list(source.topics),
             kafka_conn_id=source.kafka_conn_id, postgres_conn_id=target.postgres_conn_id,
-            idle_partition_grace=idle_partition_grace, timeout=plan_timeout.total_seconds(), **wait,
+            idle_partition_grace=idle_partition_grace, max_timestamp_skew=max_timestamp_skew,
+            on_skewed_timestamp=on_skewed_timestamp, timeout=plan_timeout.total_seconds(), **wait,
         )
         stage = EosSparkStageOperator(
             task_id="stage", plan=plan.output, source=source, target=target, transform=transform,

@@ -18,6 +18,7 @@ class MemoryLog:
         self.ends: dict[TopicPartition, int] = {}
         self.hint: int | None = None  # what time_hint answers (a broker may lie)
         self.probes = 0
+        self.reads = 0  # calls of records(): each is a fetch on Kafka
 
     def add_partition(self, topic: str, partition: int, timestamps=(), *, gaps=()) -> TopicPartition:
         tp = TopicPartition(topic, partition)
@@ -56,6 +57,7 @@ class MemoryLog:
         return recs[i] if i < len(recs) and recs[i].offset < end else None
 
     def records(self, tp, start, end):
+        self.reads += 1
         recs = self.logs[tp]
         i = bisect.bisect_left(recs, max(start, self.log_start[tp]), key=lambda r: r.offset)
         j = bisect.bisect_left(recs, end, key=lambda r: r.offset)

@@ -48,6 +48,15 @@ class LogTruncated(EosError):
     lost data. The frozen plan can no longer be read as it was planned."""
 
 
+class SkewedTimestamp(EosError):
+    """A cut would land on a record stamped more than ``max_timestamp_skew``
+    beyond the window's boundary while records older than the boundary follow
+    it: frozen, it would hold the partition at that offset window after window.
+    Retrying plans the same: plan the pipeline with ``on_skewed_timestamp=
+    "position"`` and clear the run, or raise ``max_timestamp_skew`` where the
+    partition was really silent that long (fixing the producer stops new ones)."""
+
+
 class WindowConflict(EosError):
     """The window overlaps a window already planned with other boundaries, or
     its frozen plan disagrees with the topics asked for now."""

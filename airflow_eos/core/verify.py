@@ -13,7 +13,11 @@ offset width is never taken for a count) and compared with the target:
   counts add up to the window's records;
 - both: the committed attempt's checkpoint covers the plan and counted the
   records Kafka holds, and ``eos.partition_offsets`` equals the contiguous
-  committed prefix, computed here again from windows and ranges.
+  committed prefix, computed here again from windows and ranges;
+- no partition is held: the last committed end cut of a partition is not on a
+  record stamped more than ``max_timestamp_skew`` beyond its window's end with
+  older records after it (a cut frozen so holds every later window at that
+  offset until one ends after the record's timestamp; see core.plan).
 
 Comparisons run in SQL over temp tables (Kafka offsets arrive by COPY), inside
 one repeatable-read transaction, so a commit running meanwhile is either wholly
@@ -27,7 +31,7 @@ import contextlib
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -46,9 +50,10 @@ from airflow_eos.core.errors import (
     UnknownTopic,
 )
 from airflow_eos.core.ledger import Ledger, redact
+from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, held_behind, records_after
 from airflow_eos.core.postgres_target import LINEAGE_COLUMNS, WINDOW_COLUMNS, PostgresTarget, parse_table_name
 from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog, consumer_config
-from airflow_eos.core.windows import PartitionRange, TopicPartition
+from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
 
 # Violation kinds
 DUPLICATE = "duplicate"  # a record published more than once in its window
@@ -59,6 +64,7 @@ COUNT = "count"  # the target's counts differ from the ledger's or from Kafka's
 CHECKPOINT = "checkpoint"  # the committed attempt's checkpoint differs from plan or Kafka
 OFFSETS = "offsets"  # eos.partition_offsets differs from the contiguous committed prefix
 SOURCE = "source"  # planned records can no longer be read from Kafka
+HELD = "held"  # a partition's last committed end cut is a skewed record that holds older records behind it
 MORE = "more"  # further examples of a kind in a window, not listed one by one
 
 
@@ -143,7 +149,8 @@ class VerifyReport:
 
 
 def verify(ledger: Ledger, kafka: PartitionLog | Mapping[str, Any], target: PostgresTarget | str, pipeline: str,
-           *, count_column: str | None = None, max_examples: int = 20, timeout: float = 10.0) -> VerifyReport:
+           *, count_column: str | None = None, max_examples: int = 20, timeout: float = 10.0,
+           max_timestamp_skew: timedelta = DEFAULT_MAX_TIMESTAMP_SKEW) -> VerifyReport:
     """Audit ``pipeline``'s rows in ``target`` (a PostgresTarget or a table name
     in the ledger's database) against Kafka.
 
@@ -152,6 +159,9 @@ def verify(ledger: Ledger, kafka: PartitionLog | Mapping[str, Any], target: Post
     aggregate target, ``count_column`` names a column whose per-window sum plus
     the window's dead letters must equal its records. At most ``max_examples``
     violations of each kind are listed per window; the counts are exact.
+    ``max_timestamp_skew`` is the pipeline's (see core.plan): how far beyond a
+    window's end its end cut's record may be stamped before, with older records
+    after it, the partition counts as held.
 
     Raises LedgerUnavailable, TargetError or ConfigurationError when the audit
     cannot run; every finding about the data is a Violation in the report.
@@ -164,7 +174,7 @@ def verify(ledger: Ledger, kafka: PartitionLog | Mapping[str, Any], target: Post
         # One snapshot for ledger and target: a commit running meanwhile is seen wholly or not at all.
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         try:
-            audit = _Audit(conn, ledger, pipeline, table, target_id, count_column, max_examples)
+            audit = _Audit(conn, ledger, pipeline, table, target_id, count_column, max_examples, max_timestamp_skew)
             audit.load()
             audit.read_kafka(kafka, timeout)
             audit.check()
@@ -296,7 +306,7 @@ def _same(a: str, b: str) -> str:
 
 
 class _Audit:
-    def __init__(self, conn, ledger, pipeline, table, target_id, count_column, max_examples):
+    def __init__(self, conn, ledger, pipeline, table, target_id, count_column, max_examples, max_timestamp_skew):
         self.conn: psycopg.Connection = conn
         self.ledger = ledger
         self.pipeline = pipeline
@@ -306,6 +316,7 @@ class _Audit:
         self.target_sql = target_id.as_string(conn).replace("%", "%%")
         self.count_column = count_column
         self.max_examples = max(1, max_examples)
+        self.max_timestamp_skew = max_timestamp_skew
         self.windows: dict[datetime, _Window] = {}
         self.unreadable: set[datetime] = set()
         self.kafka_counts: dict[tuple[datetime, TopicPartition], int] = {}
@@ -396,10 +407,44 @@ class _Audit:
                                 w.start, r.topic, r.partition, r.start_offset))
                             continue
                         self.kafka_counts[w.start, r.tp] = count
+            self._check_held(log_, bounds)
         self.conn.execute("ANALYZE eos_verify_records")  # autovacuum never analyses temp tables
         for w in self.windows.values():
             if w.state == "committed" and w.start not in self.unreadable:
                 self.audits[w.start].kafka_records = sum(self.kafka_counts[w.start, r.tp] for r in w.ranges)
+
+    def _check_held(self, log_: PartitionLog, bounds: dict[TopicPartition, Bounds]) -> None:
+        """Per partition, the end cut of the last committed window that plans it:
+        a record stamped beyond the skew there, with older records after it,
+        holds the partition (every later window would plan it empty)."""
+        last: dict[TopicPartition, tuple[int, datetime, datetime]] = {}
+        for w in self.windows.values():
+            if w.state == "committed":
+                for r in w.ranges:
+                    last[r.tp] = max(last.get(r.tp, (r.end_offset, w.end, w.start)), (r.end_offset, w.end, w.start))
+        skew_ms = int(self.max_timestamp_skew.total_seconds() * 1000)
+        for tp, (cut, end, ws) in sorted(last.items()):
+            try:
+                if tp not in bounds:
+                    bounds[tp] = log_.bounds(tp)
+                record = log_.first_at_or_after(tp, cut, bounds[tp].end)
+                if record is None or record.timestamp_ms <= to_millis(end) + skew_ms:
+                    continue
+                after, read_to = records_after(log_, tp, record.offset, bounds[tp].end)
+                older = held_behind(log_, tp, record, after, read_to, to_millis(end), skew_ms, bounds[tp].end)
+            except (OffsetsExpired, LogTruncated, UnknownTopic):
+                continue  # reported as SOURCE where a committed range cannot be read
+            if older is None:
+                continue
+            self.violations.append(Violation(
+                HELD, f"{_at(ws)}: {tp} is held at offset {record.offset}, the window's end cut: that record is "
+                      f"stamped {describe_millis(record.timestamp_ms)}, more than max_timestamp_skew "
+                      f"({self.max_timestamp_skew}) beyond the window's end {end.isoformat()}, and offset "
+                      f"{older.offset} after it is stamped {describe_millis(older.timestamp_ms)}, before that end. "
+                      f"At least {1 + len(after)} record(s) from offset {record.offset} on wait for a window ending "
+                      f"after {describe_millis(record.timestamp_ms)}; plan the next windows with this version "
+                      "(it refuses such a cut, or with on_skewed_timestamp=\"position\" publishes past it)",
+                ws, tp.topic, tp.partition, record.offset))
 
     # ------------------------------------------------------------------ checks
 

@@ -30,6 +30,15 @@ def to_millis(value: datetime) -> int:
     return int(value.timestamp() * 1000)
 
 
+def describe_millis(ms: int) -> str:
+    """A record timestamp for a message: ISO 8601 where it is a representable
+    instant (a broken producer may stamp anything), else the raw number."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat()
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms since the epoch"
+
+
 @dataclass(frozen=True, order=True)
 class TopicPartition:
     topic: str
@@ -65,6 +74,7 @@ CUT_BY_RECORD = "record"  # the first record with timestamp >= t
 CUT_BY_IDLE = "idle"  # no record >= t yet, the partition idled past the grace: end of log
 CUT_BY_NEIGHBOUR = "neighbour"  # clamped to a frozen cut of a neighbouring instant
 CUT_NEW_PARTITION = "new_partition"  # partition absent from the window ending at t: log start
+CUT_BY_SKEWED = "skewed"  # the first record >= t after records stamped far beyond t that older records follow
 
 
 @dataclass(frozen=True)

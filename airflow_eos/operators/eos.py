@@ -22,7 +22,13 @@ from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.errors import WindowNotClosed
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.plan import PlanRequest, plan_window
+from airflow_eos.core.plan import (
+    DEFAULT_MAX_TIMESTAMP_SKEW,
+    ON_SKEWED_FAIL,
+    PlanRequest,
+    check_skew_rule,
+    plan_window,
+)
 from airflow_eos.core.postgres_target import PostgresTarget
 from airflow_eos.core.source import KafkaLog, KafkaSource, mirror_offsets
 from airflow_eos.core.windows import Window, WindowPlan
@@ -52,10 +58,14 @@ def plan_or_none(
     idle_partition_grace_seconds: float,
     kafka_conn_id: str,
     postgres_conn_id: str,
+    # Defaults: triggers serialised by a version without these arguments still run.
+    max_timestamp_skew_seconds: float = DEFAULT_MAX_TIMESTAMP_SKEW.total_seconds(),
+    on_skewed_timestamp: str = ON_SKEWED_FAIL,
 ) -> WindowPlan | None:
     """The window's frozen plan, or None while the window is not closed."""
     request = PlanRequest(Window(pipeline, window_start, window_end), tuple(topics),
-                          timedelta(seconds=idle_partition_grace_seconds))
+                          timedelta(seconds=idle_partition_grace_seconds),
+                          timedelta(seconds=max_timestamp_skew_seconds), on_skewed_timestamp)
     with KafkaLog(EosKafkaHook(kafka_config_id=kafka_conn_id).kafka_config) as kafka_log:
         try:
             return plan_window(ledger_for(postgres_conn_id), kafka_log, request)
@@ -77,6 +87,13 @@ class EosPlanWindowOperator(BaseSensorOperator):
     :param window_end: end of the window (templated; default the data interval end)
     :param idle_partition_grace: how long after the window's end a partition with
         no newer record may stay silent before its cut is frozen at its end of log
+    :param max_timestamp_skew: how far beyond a window boundary a record may be
+        stamped before it counts as skewed when older records follow it (a cut
+        there would hold the partition window after window)
+    :param on_skewed_timestamp: ``"fail"`` (default): planning fails naming the
+        skewed record, nothing is frozen; ``"position"``: the record does not
+        close the window, it is published in the window of its offset (logged
+        as a warning, the cut's ``how`` is ``skewed``)
     """
 
     template_fields: Sequence[str] = ("pipeline", "topics", "window_start", "window_end")
@@ -92,10 +109,14 @@ class EosPlanWindowOperator(BaseSensorOperator):
         window_start: str = DATA_INTERVAL_START,
         window_end: str = DATA_INTERVAL_END,
         idle_partition_grace: timedelta = timedelta(minutes=5),
+        max_timestamp_skew: timedelta = DEFAULT_MAX_TIMESTAMP_SKEW,
+        on_skewed_timestamp: str = ON_SKEWED_FAIL,
         deferrable: bool = False,
         poke_interval: float = 60,
         **kwargs: Any,
     ) -> None:
+        # Before the base class adds the task to the DAG: a refused task leaves no trace there.
+        check_skew_rule(max_timestamp_skew, on_skewed_timestamp, f"task {kwargs.get('task_id')!r}")
         super().__init__(poke_interval=poke_interval, **kwargs)
         if isinstance(topics, str):
             raise ValueError(f"topics must be a list of topic names, not the string {topics!r}")
@@ -108,6 +129,8 @@ class EosPlanWindowOperator(BaseSensorOperator):
         self.window_start = window_start
         self.window_end = window_end
         self.idle_partition_grace = idle_partition_grace
+        self.max_timestamp_skew = max_timestamp_skew
+        self.on_skewed_timestamp = on_skewed_timestamp
         self.deferrable = deferrable
 
     @cached_property
@@ -120,6 +143,8 @@ class EosPlanWindowOperator(BaseSensorOperator):
             "idle_partition_grace_seconds": self.idle_partition_grace.total_seconds(),
             "kafka_conn_id": self.kafka_conn_id,
             "postgres_conn_id": self.postgres_conn_id,
+            "max_timestamp_skew_seconds": self.max_timestamp_skew.total_seconds(),
+            "on_skewed_timestamp": self.on_skewed_timestamp,
         }
 
     def poke(self, context) -> PokeReturnValue:

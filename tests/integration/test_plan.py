@@ -17,6 +17,7 @@ from airflow_eos.core.errors import (
     LedgerUnavailable,
     LogTruncated,
     OffsetsExpired,
+    SkewedTimestamp,
     SourceUnavailable,
     UnknownTopic,
     WindowConflict,
@@ -39,9 +40,11 @@ def ms(t: datetime) -> int:
     return to_millis(t)
 
 
-def plan(ledger, kafka_config, pipeline, start, end, topics, *, grace=timedelta(minutes=5), now=LATER):
+def plan(ledger, kafka_config, pipeline, start, end, topics, *, grace=timedelta(minutes=5), now=LATER, **rules):
+    """``rules``: more PlanRequest fields (max_timestamp_skew, on_skewed_timestamp)."""
     with KafkaLog(kafka_config) as log:
-        return plan_window(ledger, log, PlanRequest(Window(pipeline, start, end), tuple(topics), grace), now=now)
+        return plan_window(ledger, log, PlanRequest(Window(pipeline, start, end), tuple(topics), grace, **rules),
+                           now=now)
 
 
 def read_all(bootstrap, topic, partitions):
@@ -260,6 +263,57 @@ def test_new_partition_on_real_kafka(ledger, kafka_config, topics):
     w2 = plan(ledger, kafka_config, "grow", T0 + HOUR, T0 + 2 * HOUR, [topic], grace=timedelta(0))
     assert [r.partition for r in w1.ranges] == [0]
     assert [(r.partition, r.start_offset, r.end_offset) for r in w2.ranges] == [(0, 60, 120), (1, 0, 120)]
+
+
+# --------------------------------------------------------------------------- skewed timestamps (issue 16)
+
+Y2030 = ms(datetime(2030, 1, 1, tzinfo=timezone.utc))
+
+
+def produce_issue_16(topics):
+    """Two partitions, a record every 6 minutes for 5 hours; in partition 1 one
+    record stamped 2030-01-01 after the 10th (offset 10). The old planner froze
+    partition 1's cuts at offset 10 from window 2 on: [10, 10) window after
+    window, the records behind it never published."""
+    topic = topics.create(partitions=2)
+    sane = [ms(T0) + i * 360_000 for i in range(50)]
+    topics.produce(topic, [(0, ts, b"x") for ts in sane])
+    topics.produce(topic, [(1, ts, b"x") for ts in sane[:10] + [Y2030] + sane[10:]])
+    return topic
+
+
+def test_a_far_future_record_fails_planning_loudly_and_freezes_nothing(ledger, kafka_config, topics):
+    topic = produce_issue_16(topics)
+    first = plan(ledger, kafka_config, "skew", T0, T0 + HOUR, [topic])
+    assert [(r.start_offset, r.end_offset) for r in first.ranges] == [(0, 10), (0, 10)]
+    with pytest.raises(SkewedTimestamp) as caught:
+        plan(ledger, kafka_config, "skew", T0 + HOUR, T0 + 2 * HOUR, [topic])
+    text = str(caught.value)
+    assert text.startswith(f"window skew [{(T0 + HOUR).isoformat()}, {(T0 + 2 * HOUR).isoformat()}): ")
+    assert f"{topic}[1] offset 10 is stamped 2030-01-01T00:00:00+00:00" in text
+    assert "offset 11 after it is stamped 2026-01-01T01:00:00+00:00" in text
+    assert "nothing was frozen" in text and 'on_skewed_timestamp="position"' in text
+    with psycopg.connect(ledger.url) as conn:
+        assert conn.execute("SELECT count(*) FROM eos.windows").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM eos.cuts WHERE at > %s", (T0 + HOUR,)).fetchone()[0] == 0
+
+
+def test_a_far_future_record_is_published_in_the_window_of_its_position(ledger, kafka_config, topics):
+    topic = produce_issue_16(topics)
+    windows = [(T0 + i * HOUR, T0 + (i + 1) * HOUR) for i in range(4)]
+    plans = {}
+    for i in (2, 0, 1, 3):  # out of order: cuts resolved against frozen neighbours on either side
+        plans[i] = plan(ledger, kafka_config, "pos", *windows[i], [topic], on_skewed_timestamp="position")
+    p1 = [next(r for r in plans[i].ranges if r.partition == 1) for i in range(4)]
+    assert [(r.start_offset, r.end_offset) for r in p1] == [(0, 10), (10, 21), (21, 31), (31, 41)]
+    assert all(r.width > 0 for r in p1)
+    assert all(a.end_offset == b.start_offset for a, b in zip(p1, p1[1:]))  # a tiling of [0, 41)
+    assert sum(r.start_offset <= 10 < r.end_offset for r in p1) == 1  # the 2030 record in exactly one window
+    p0 = [next(r for r in plans[i].ranges if r.partition == 0) for i in range(4)]
+    assert [(r.start_offset, r.end_offset) for r in p0] == [(0, 10), (10, 20), (20, 30), (30, 40)]
+    with psycopg.connect(ledger.url) as conn:
+        assert conn.execute("SELECT how FROM eos.cuts WHERE partition = 1 AND at = %s",
+                            (T0 + 2 * HOUR,)).fetchone() == ("skewed",)
 
 
 # --------------------------------------------------------------------------- bad input

@@ -7,6 +7,7 @@ record (commit markers): verify must count the records actually there."""
 
 from __future__ import annotations
 
+import io
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -23,7 +24,7 @@ from airflow_eos.core.plan import PlanRequest, plan_window
 from airflow_eos.core.postgres_target import PostgresTarget
 from airflow_eos.core.source import KafkaLog
 from airflow_eos.core.verify import verify
-from airflow_eos.core.windows import TopicPartition, Window, WindowPlan, to_millis
+from airflow_eos.core.windows import Cut, PartitionRange, TopicPartition, Window, WindowPlan, to_millis
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)
@@ -75,28 +76,44 @@ class Built:
         return [o for o in self.offsets[r.tp] if r.start_offset <= o < r.end_offset]
 
 
-def build(ledger, kafka_config, target, *, windows=3, commit=None, dead=(), aggregate=False, minutes=(5, 20, 40)):
+def build(ledger, kafka_config, target, *, windows=3, commit=None, dead=(), aggregate=False, minutes=(5, 20, 40),
+          stamps=None, frozen=None):
     """Produce records for ``windows`` hourly windows into a 2-partition topic
-    (plus one closing record per partition), plan every window from the
+    (plus one closing record per partition; or ``stamps``: (partition,
+    timestamp_ms, value) tuples), plan every window from the
     broker, and stage each with rows read from Kafka (one row per record with
     lineage, or one count per partition when ``aggregate``), checkpoint,
     prepare and commit the windows in ``commit`` (default all). ``dead`` holds
-    (partition, offset) pairs that the transform dead-letters."""
+    (partition, offset) pairs that the transform dead-letters. ``frozen``:
+    ``(log, topic) -> plans`` frozen into the ledger as they are (as an older
+    planner or a person froze them) instead of planning."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = f"orders-{uuid.uuid4().hex[:10]}"
     admin = AdminClient(kafka_config)
     for f in admin.create_topics([NewTopic(topic, 2, 1)]).values():
         f.result(15)
-    stamps = [(p, to_millis(T0 + i * HOUR + timedelta(minutes=m)), f"{p}:{i}:{m}".encode())
-              for i in range(windows) for p in (0, 1) for m in minutes]
-    stamps += [(p, to_millis(T0 + windows * HOUR), b"closing") for p in (0, 1)]
+    if stamps is None:
+        stamps = [(p, to_millis(T0 + i * HOUR + timedelta(minutes=m)), f"{p}:{i}:{m}".encode())
+                  for i in range(windows) for p in (0, 1) for m in minutes]
+        stamps += [(p, to_millis(T0 + windows * HOUR), b"closing") for p in (0, 1)]
     produce_in_transactions(kafka_config["bootstrap.servers"], topic, stamps)
 
     with KafkaLog(kafka_config) as log_:
-        plans = [plan_window(ledger, log_, PlanRequest(Window(PIPELINE, T0 + i * HOUR, T0 + (i + 1) * HOUR),
-                                                       (topic,)), now=lambda: T0 + timedelta(days=1))
-                 for i in range(windows)]
+        if frozen is None:
+            plans = [plan_window(ledger, log_, PlanRequest(Window(PIPELINE, T0 + i * HOUR, T0 + (i + 1) * HOUR),
+                                                           (topic,)), now=lambda: T0 + timedelta(days=1))
+                     for i in range(windows)]
+        else:
+            plans = frozen(log_, topic)
+            with ledger.connect() as conn, conn.transaction():
+                for plan in plans:
+                    ledger.lock_pipeline(conn, PIPELINE)
+                    cuts = {(r.tp, at): Cut(r.tp, at, offset, "record") for r in plan.ranges
+                            for at, offset in ((plan.window.start, r.start_offset), (plan.window.end, r.end_offset))}
+                    known = {(TopicPartition(t, p), at) for t, p, at in conn.execute(
+                        "SELECT topic, partition, at FROM eos.cuts WHERE pipeline = %s", (PIPELINE,))}
+                    ledger.freeze(conn, plan, [c for key, c in cuts.items() if key not in known])
         present = {tp: [rec.offset for rec in log_.records(tp, 0, log_.bounds(tp).end)]
                    for tp in (TopicPartition(topic, 0), TopicPartition(topic, 1))}
     built = Built(topic, plans, present)
@@ -306,6 +323,60 @@ def test_examples_are_capped_per_window_but_counts_are_exact(pg_url, ledger, kaf
     assert report.windows[0].missing == 10 and report.totals.missing == 10
     assert kinds(report) == [v.COUNT, v.MISSING, v.MISSING, v.MISSING, v.MORE]
     assert f"window {T0.isoformat()}: 7 more missing finding(s) not listed" in str(report)
+
+
+def test_a_partition_held_by_a_far_future_cut_is_not_clean(ledger, kafka_config, orders):
+    """Issue 16: a record stamped 2030 after the 10th record of partition 1, and
+    the cuts an older planner froze on it ([c, c) window after window). Every
+    committed window holds exactly its records, yet the records behind the cut
+    wait for a window past 2030: verify says so, naming partition, offset and
+    timestamp, and exits 1."""
+    from airflow_eos.cli import main
+
+    y2030 = to_millis(datetime(2030, 1, 1, tzinfo=timezone.utc))
+    sane = [to_millis(T0) + i * 360_000 for i in range(40)]
+    stamps = [(0, ts, b"x") for ts in sane] + [(1, ts, b"x") for ts in sane[:10] + [y2030] + sane[10:]]
+
+    def old_planner(log_, topic):
+        """Cuts as the planner before issue 16 froze them: the first record at/after
+        the cut before, stamped at/after the boundary."""
+        lower = {p: 0 for p in (0, 1)}
+        plans = []
+        for i in range(3):
+            ranges = []
+            for p in (0, 1):
+                tp = TopicPartition(topic, p)
+                recs = log_.records(tp, 0, log_.bounds(tp).end)
+                boundary = to_millis(T0 + (i + 1) * HOUR)
+                end = next(r.offset for r in recs if r.offset >= lower[p] and r.timestamp_ms >= boundary)
+                ranges.append(PartitionRange(topic, p, lower[p], end))
+                lower[p] = end
+            plans.append(WindowPlan(Window(PIPELINE, T0 + i * HOUR, T0 + (i + 1) * HOUR), tuple(ranges)))
+        return plans
+
+    built = build(ledger, kafka_config, orders, stamps=stamps, frozen=old_planner)
+    p1 = [next(r for r in plan.ranges if r.partition == 1) for plan in built.plans]
+    outlier = built.offsets[TopicPartition(built.topic, 1)][10]
+    assert [(r.start_offset, r.end_offset) for r in p1[1:]] == [(outlier, outlier)] * 2  # the stall
+    report = verify(ledger, kafka_config, orders, PIPELINE)
+    w2 = built.plans[2].window.start
+    assert kinds(report) == [v.HELD]
+    assert located(report, v.HELD) == [(w2, built.topic, 1, outlier)]
+    next_record = built.offsets[TopicPartition(built.topic, 1)][11]
+    [held] = report.violations
+    assert held.message.startswith(
+        f"window {w2.isoformat()}: {built.topic}[1] is held at offset {outlier}, the window's end cut: that record "
+        f"is stamped 2030-01-01T00:00:00+00:00, more than max_timestamp_skew (1:00:00) beyond the window's end "
+        f"2024-01-01T03:00:00+00:00, and offset {next_record} after it is stamped 2024-01-01T01:00:00+00:00, "
+        f"before that end. At least 31 record(s) from offset {outlier} on wait")
+    # a skew beyond 2030 reads the record as in time: nothing is held then
+    assert verify(ledger, kafka_config, orders, PIPELINE, max_timestamp_skew=timedelta(days=3000)).clean
+
+    out = io.StringIO()
+    code = main(["verify", "--pipeline", PIPELINE, "--table", orders.table, "--postgres-url", orders.url,
+                 "--kafka-bootstrap", kafka_config["bootstrap.servers"]], out=out, err=io.StringIO())
+    assert code == 1
+    assert f"held               window {w2.isoformat()}: {built.topic}[1] is held at offset {outlier}" in out.getvalue()
 
 
 # --------------------------------------------------------------------------- aggregate pipelines

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -53,6 +53,17 @@ def test_window_comes_from_the_data_interval_and_fields_are_templated():
     assert stage.application.endswith("airflow_eos/spark/job.py")
 
 
+def test_the_skew_rule_reaches_the_planner_and_its_trigger():
+    dag, _ = make_dag(max_timestamp_skew=timedelta(minutes=30), on_skewed_timestamp="position", deferrable=True)
+    plan = dag.get_task("window.plan")
+    assert (plan.max_timestamp_skew, plan.on_skewed_timestamp) == (timedelta(minutes=30), "position")
+    kwargs = WindowClosedTrigger(poll_interval=5, **plan._plan_kwargs).serialize()[1]
+    assert (kwargs["max_timestamp_skew_seconds"], kwargs["on_skewed_timestamp"]) == (1800.0, "position")
+    dag, _ = make_dag()  # the defaults: an hour, and fail
+    plan = dag.get_task("window.plan")
+    assert (plan.max_timestamp_skew, plan.on_skewed_timestamp) == (timedelta(hours=1), "fail")
+
+
 def test_waiting_steps_defer_or_reschedule():
     dag, _ = make_dag(deferrable=True)
     assert dag.get_task("window.plan").deferrable and dag.get_task("window.await_checkpoint").deferrable
@@ -64,6 +75,8 @@ def test_waiting_steps_defer_or_reschedule():
     ({"target": PostgresTarget("postgresql://u:pw@h/db", "t")}, "postgres_conn_id, not a URL"),
     ({"pipeline": "bad pipeline; drop"}, "pipeline id"),
     ({"source": "orders"}, "KafkaSource"),
+    ({"max_timestamp_skew": 3600}, r"max_timestamp_skew of pipeline 'p' must be a positive timedelta, got 3600"),
+    ({"on_skewed_timestamp": "ignore"}, r"on_skewed_timestamp of pipeline 'p' must be 'fail' or 'position'"),
 ])
 def test_bad_arguments_fail_when_the_dag_is_parsed(kwargs, error):
     args = {"pipeline": "p", "source": SOURCE, "target": TARGET, **kwargs}
@@ -76,6 +89,8 @@ def test_operators_validate_their_arguments():
     with DAG("d3", schedule=None, start_date=T0):
         with pytest.raises(ValueError, match="not the string"):
             EosPlanWindowOperator(task_id="p", pipeline="p", topics="orders")
+        with pytest.raises(ConfigurationError, match=r"max_timestamp_skew of task 'p' must be a positive"):
+            EosPlanWindowOperator(task_id="p", pipeline="p", topics=["orders"], max_timestamp_skew=timedelta(0))
         with pytest.raises(ValueError, match="module:function"):
             EosSparkStageOperator(task_id="s", plan={}, source=SOURCE, target=TARGET, transform="nocolon")
     with pytest.raises(ConfigurationError, match="empty"):

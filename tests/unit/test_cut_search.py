@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from airflow_eos.core.errors import SkewedTimestamp
 from airflow_eos.core.ledger import CutContext
 from airflow_eos.core import plan
 from airflow_eos.core.plan import first_offset_at_or_after, resolve_cut
@@ -182,3 +183,154 @@ def test_resolve_cut_searches_only_what_retention_left():
     cut = resolve_cut(log, tp, T0 + timedelta(seconds=10), CutContext(lower=5), Bounds(30, 100),
                       now=T0, idle_partition_grace=timedelta(hours=1))
     assert (cut.offset, cut.how) == (30, CUT_BY_RECORD)
+
+
+# --------------------------------------------------------------------------- skewed timestamps
+
+Y2030 = _ms(datetime(2030, 1, 1, tzinfo=timezone.utc))
+HOUR = timedelta(hours=1)
+
+
+def _issue_log(outliers=1, hours=10):
+    """A record every 6 minutes from T0; after the 10th, ``outliers`` records
+    stamped 2030 (issue 16): offsets 0-9 hour 0, then the outliers, then hour 1 on."""
+    log = MemoryLog()
+    sane = [_ms(T0) + i * 360_000 for i in range(10 * hours)]
+    tp = log.add_partition("t", 1, sane[:10] + [Y2030] * outliers + sane[10:])
+    return log, tp
+
+
+def _cut(log, tp, at, ctx=CutContext(), **rules):
+    return resolve_cut(log, tp, at, ctx, log.bounds(tp), now=T0 + timedelta(days=30),
+                       idle_partition_grace=timedelta(minutes=5), **rules)
+
+
+def test_a_skewed_record_fails_the_cut_naming_partition_offset_and_timestamps():
+    log, tp = _issue_log()
+    # Window 1's end: the records after the outlier are not older than T0+1h, so it is a sane cut.
+    assert (_cut(log, tp, T0 + HOUR).offset, _cut(log, tp, T0 + HOUR).how) == (10, CUT_BY_RECORD)
+    # Window 2's end, from the frozen cut 10: the old code froze [10, 10) here, window after window.
+    with pytest.raises(SkewedTimestamp) as caught:
+        _cut(log, tp, T0 + 2 * HOUR, CutContext(lower=10))
+    text = str(caught.value)
+    assert "t[1] offset 10 is stamped 2030-01-01T00:00:00+00:00" in text
+    assert "window boundary 2026-01-01T02:00:00+00:00" in text
+    assert "offset 11 after it is stamped 2026-01-01T01:00:00+00:00" in text
+    assert 'on_skewed_timestamp="position"' in text and "max_timestamp_skew (1:00:00)" in text
+
+
+def test_position_passes_over_a_skewed_record(caplog):
+    log, tp = _issue_log()
+    with caplog.at_level("WARNING", logger="airflow_eos.core.plan"):
+        cut = _cut(log, tp, T0 + 2 * HOUR, CutContext(lower=10), on_skewed_timestamp="position")
+    assert (cut.offset, cut.how) == (21, plan.CUT_BY_SKEWED)  # the first record of hour 2
+    assert "offset 10 stamped 2030-01-01T00:00:00+00:00 (offset 11 after it: 2026-01-01T01:00:00+00:00)" \
+        in caplog.text
+    # the next boundary is sane again
+    assert _cut(log, tp, T0 + 3 * HOUR, CutContext(lower=21), on_skewed_timestamp="position").how == CUT_BY_RECORD
+
+
+def test_a_burst_of_skewed_records_is_passed_over_as_one():
+    """Eight records stamped 2030 in a row: the whole burst goes to one window."""
+    log, tp = _issue_log(outliers=8)
+    with pytest.raises(SkewedTimestamp, match="offset 10 is stamped 2030.*offset 18 after it"):
+        _cut(log, tp, T0 + 2 * HOUR, CutContext(lower=10))
+    log.probes = log.reads = 0
+    cut = _cut(log, tp, T0 + 2 * HOUR, CutContext(lower=10), on_skewed_timestamp="position")
+    assert (cut.offset, cut.how) == (28, plan.CUT_BY_SKEWED)
+    assert log.reads <= 3  # the search's scan, one read behind the first skewed record (the rest of it)
+
+
+def test_a_skewed_record_at_the_end_of_the_log_holds_nothing_yet():
+    """Nothing older follows it yet: a sane cut. Once older records arrive, the
+    next boundary sees it (the record is not lost either way)."""
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, [_ms(T0) + i * 360_000 for i in range(10)] + [Y2030])
+    for policy in plan.ON_SKEWED_TIMESTAMP:
+        assert (_cut(log, tp, T0 + HOUR, on_skewed_timestamp=policy).offset) == 10
+    log.append(tp, [_ms(T0 + HOUR) + i * 360_000 for i in range(20)])
+    with pytest.raises(SkewedTimestamp, match="offset 10 is stamped 2030"):
+        _cut(log, tp, T0 + 2 * HOUR, CutContext(lower=10))
+    # only skewed records beyond the boundary: the partition has not passed it (waits, then idles)
+    log2 = MemoryLog()
+    tp2 = log2.add_partition("t", 0, [_ms(T0) + i * 360_000 for i in range(10)] + [Y2030, _ms(T0) + 3_600_000 - 1])
+    b = log2.bounds(tp2)
+    rules = dict(idle_partition_grace=timedelta(minutes=5), on_skewed_timestamp="position")
+    assert resolve_cut(log2, tp2, T0 + HOUR, CutContext(), b, now=T0 + HOUR, **rules) is None
+    idle = resolve_cut(log2, tp2, T0 + HOUR, CutContext(), b, now=T0 + 2 * HOUR, **rules)
+    assert (idle.offset, idle.how) == (12, CUT_BY_IDLE)  # the skewed record is in the window of its position
+
+
+def test_a_skewed_record_seen_only_in_the_newest_records():
+    """Far from the cut, the partition's newest records still show it holds them."""
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, [_ms(T0)] + [Y2030] * 2000 + [_ms(T0) + 60_000])
+    log.hint = 1  # a real Kafka's time index answers the first record stamped >= t: the outlier
+    with pytest.raises(SkewedTimestamp, match=r"offset 1 is stamped 2030.*offset 2001 after it"):
+        _cut(log, tp, T0 + HOUR)
+    # position: the burst, longer than one read, is passed over read by read; no
+    # record at/after the boundary is left, so the partition idles to its end
+    cut = _cut(log, tp, T0 + HOUR, on_skewed_timestamp="position")
+    assert (cut.offset, cut.how) == (2002, CUT_BY_IDLE)
+
+
+def test_sane_logs_pay_nothing_for_the_skew_check():
+    """Same probes and reads as the plain search: records stamped within the
+    skew (a late-running partition, an hour-long silence within the skew) are
+    never looked behind, and a silence longer than the skew with no older
+    record after it is a sane cut."""
+    log = MemoryLog()
+    n = 250_000
+    stamps = [_ms(T0) + i * 3_599_000 // n for i in range(n)] + [_ms(T0) + 3_600_000 + 50 * 60_000]
+    tp = log.add_partition("t", 0, stamps + [_ms(T0) + 5 * 3_600_000])  # then silent 3 hours
+    log.hint = 0
+    for at, look_behind in ((T0 + timedelta(minutes=17), 0), (T0 + HOUR, 0), (T0 + 2 * HOUR, 1)):
+        log.probes = log.reads = 0
+        plain = first_offset_at_or_after(log, tp, _ms(at), 0, log.ends[tp])
+        expected = (log.probes, log.reads + look_behind)
+        log.probes = log.reads = 0
+        cut = _cut(log, tp, at)
+        assert (cut.offset, cut.how) == (plain, CUT_BY_RECORD)
+        assert (log.probes, log.reads) == expected, at
+    # (at T0+2h the cut's record is 3 hours beyond it: one read looks behind, nothing older follows)
+    assert plain == n + 1
+
+
+def test_the_skew_rule_is_checked():
+    window = plan.Window("p", T0, T0 + HOUR)
+    with pytest.raises(plan.ConfigurationError, match=r"max_timestamp_skew of pipeline 'p' must be a positive"):
+        plan.PlanRequest(window, ("t",), max_timestamp_skew=timedelta(0))
+    with pytest.raises(plan.ConfigurationError, match=r"max_timestamp_skew .* got 3600"):
+        plan.PlanRequest(window, ("t",), max_timestamp_skew=3600)
+    with pytest.raises(plan.ConfigurationError, match=r"on_skewed_timestamp .* be 'fail' or 'position', got 'skip'"):
+        plan.PlanRequest(window, ("t",), on_skewed_timestamp="skip")
+
+
+@pytest.mark.parametrize("burst", [8, 5000, 100_000])
+def test_a_burst_longer_than_the_read_is_found_by_probes(burst):
+    """A producer's wrong clock for a while: a run of records stamped 2030, longer
+    than the read behind the first (SCAN_BELOW offsets), then the log as it was,
+    with newest records that are not older than the boundary. Probes find where
+    the run ends; a few per doubling of its length."""
+    log, tp = _issue_log(outliers=burst)
+    first_after = 10 + burst
+    with patch.object(plan, "SCAN_BELOW", 4 if burst == 8 else plan.SCAN_BELOW):
+        with pytest.raises(SkewedTimestamp, match=rf"offset 10 is stamped 2030.*offset {first_after} after it"):
+            _cut(log, tp, T0 + 2 * HOUR, CutContext(lower=10))
+        log.probes = log.reads = 0
+        cut = _cut(log, tp, T0 + 2 * HOUR, CutContext(lower=10), on_skewed_timestamp="position")
+    assert (cut.offset, cut.how) == (first_after + 10, plan.CUT_BY_SKEWED)  # hour 1 is in this window too
+    assert log.probes <= 2 * math.log2(max(burst, 2)) + 12, log.probes
+
+
+def test_a_silent_partition_is_not_a_burst():
+    """A partition silent for three hours, then the log goes on: the cut's record
+    is beyond the skew, nothing after it is older than the boundary, and the
+    probes that look for the run's end stop at the newest records."""
+    log = MemoryLog()
+    tp = log.add_partition("t", 0, [_ms(T0) + i * 360_000 for i in range(10)]
+                           + [_ms(T0 + 4 * HOUR) + i * 100 for i in range(200_000)])
+    log.probes = 0
+    cut = _cut(log, tp, T0 + HOUR, CutContext(lower=10))
+    assert (cut.offset, cut.how) == (10, CUT_BY_RECORD)
+    assert log.probes <= 2 * math.log2(200_000 / plan.SCAN_BELOW) + 4
