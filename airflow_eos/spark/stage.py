@@ -113,12 +113,11 @@ from airflow_eos.core.errors import (
     ConfigurationError,
     EosError,
     InvalidCheckpoint,
-    LedgerUnavailable,
     TargetError,
     WindowConflict,
     WindowNotPlanned,
 )
-from airflow_eos.core.ledger import redact
+from airflow_eos.core.database import connect, redact
 from airflow_eos.core.postgres_target import LINEAGE_COLUMNS, PostgresTarget, StagingWriter, parse_table_name
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK, read_plan, worker_logging
@@ -418,14 +417,6 @@ class StageSettings:
             raise ConfigurationError(f"the {FORMAT_NAME} data source needs option {exc}; use run_stage") from None
 
 
-def _connect(url: str, purpose: str) -> psycopg.Connection:
-    try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10,
-                               application_name=f"airflow-eos {purpose}"[:63])
-    except psycopg.OperationalError as exc:
-        raise LedgerUnavailable(f"cannot connect to {redact(url)} to {purpose}: {exc}") from exc
-
-
 # --------------------------------------------------------------------------- read side: what was consumed
 
 
@@ -442,7 +433,7 @@ def report_read(options: Mapping[str, str], task: "KafkaRangePartition", stats: 
     attempt = Attempt.from_dict(json.loads(options["attempt"]))
     key = (attempt.pipeline, attempt.window_start, attempt.epoch, options["run"], task.topic, task.partition,
            task.start_offset)
-    with _connect(options["ledger.secret"], f"read report {attempt}") as conn:
+    with connect(options["ledger.secret"], f"read report {attempt}") as conn:
         end, records = conn.execute(
             "INSERT INTO eos.read_ranges (pipeline, window_start, epoch, run, topic, partition, start_offset,"
             " end_offset, records, seconds) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -459,7 +450,7 @@ def report_read(options: Mapping[str, str], task: "KafkaRangePartition", stats: 
 
 def load_read_ranges(url: str, attempt: Attempt, run: str) -> list[tuple[ConsumedRange, float]]:
     """The sub-ranges the run's read tasks reported, with their read seconds."""
-    with _connect(url, f"load read ranges {attempt}") as conn:
+    with connect(url, f"load read ranges {attempt}") as conn:
         rows = conn.execute(
             "SELECT topic, partition, start_offset, end_offset, records, seconds FROM eos.read_ranges"
             " WHERE pipeline = %s AND window_start = %s AND epoch = %s AND run = %s"
@@ -896,7 +887,7 @@ def _check_attempt(target: PostgresTarget, plan: WindowPlan, attempt: Attempt) -
 def _not_null_columns(target: PostgresTarget, columns: Sequence[str]) -> list[str]:
     schema, table = parse_table_name(target.table)
     ident = sql.Identifier(table) if schema is None else sql.Identifier(schema, table)
-    with _connect(target.url, f"describe {target.table}") as conn:
+    with connect(target.url, f"describe {target.table}") as conn:
         rows = conn.execute(
             "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
             " AND NOT attisdropped AND attnotnull", (ident.as_string(conn),),
