@@ -284,3 +284,25 @@ def test_sweep_on_a_database_without_a_ledger_explains(pg_url):
     assert err.strip() == f"airflow-eos sweep: error: no airflow-eos ledger in {pg_url}: schema eos is missing"
     code, out, err = run("sweep", "--older-than", "1h", "--postgres-url", pg_url, "--dry-run")
     assert (code, out) == (2, "") and "schema eos is missing" in err
+
+
+def test_an_unreachable_broker_is_one_clear_error_naming_it(pg_url, committed, caplog, capfd):
+    """status and verify against a closed port: exit 2 with one error that names
+    the address, the partition and what to check; never "offset -2" (the
+    beginning of the log); a handful of librdkafka records, none on stderr."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    address = f"127.0.0.1:{free_port()}"
+    for argv in (["status", "--pipeline", PIPELINE], ["verify", "--pipeline", PIPELINE, "--table", "orders"]):
+        caplog.clear()
+        code, out, err = run(*argv, "--postgres-url", pg_url, "--kafka-bootstrap", address, "--kafka-timeout", "2")
+        assert code == 2, out + err
+        [line] = err.splitlines()
+        assert f"Kafka at {address}" in line and f"check that bootstrap.servers ({address}) is right" in line, line
+        assert "offset -2" not in line
+        if argv[0] == "verify":
+            assert f"reading {committed.topic}[0] from the beginning of the log within 2.0s" in line, line
+        librdkafka = [r for r in caplog.records if r.name == "airflow_eos.librdkafka"]
+        assert len(librdkafka) < 10, [r.getMessage() for r in librdkafka]
+        assert "rdkafka" not in capfd.readouterr().err
