@@ -91,7 +91,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib
 import json
 import logging
 import re
@@ -122,6 +121,7 @@ from airflow_eos.core.postgres_target import LINEAGE_COLUMNS, PostgresTarget, St
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK, read_plan, worker_logging
 from airflow_eos.spark.kafka_source import register as register_kafka_source
+from airflow_eos.spark.transform import load_transform
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -843,28 +843,6 @@ class StageReport:
                 f"{self.dead_letters} dead letters, {self.chunks} chunk(s){rate}; {phases}")
 
 
-def load_transform(spec: str | Callable | None) -> Callable | None:
-    """``module:function`` (the function may be a dotted attribute path), a
-    callable, or None (stage the records as read)."""
-    if spec is None or callable(spec):
-        return spec
-    module_name, sep, attr = str(spec).partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigurationError(f"transform must be 'module:function', got {spec!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"transform {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigurationError(f"transform {spec!r}: {module_name!r} has no {attr!r}") from None
-    if not callable(obj):
-        raise ConfigurationError(f"transform {spec!r} is not callable")
-    return obj
-
-
 def _check_attempt(target: PostgresTarget, plan: WindowPlan, attempt: Attempt) -> None:
     """Before any Spark work: the plan is the window's frozen one and the
     attempt can still be checkpointed."""
@@ -1060,7 +1038,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """spark-submit entry: 0 once the checkpoint is written, 1 when the job
     failed (the message says why), 2 for unusable arguments or environment."""
     from airflow_eos.spark.session import spark_session, stop_session
-    from airflow_eos.spark.submit import kafka_config_from_environment, target_from_environment
+    from airflow_eos.spark.submit import error_line, kafka_config_from_environment, target_from_environment
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -1072,6 +1050,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kafka_config = kafka_config_from_environment()
     except (KeyError, ValueError, TypeError) as exc:
         log.error("stage job: unusable arguments or environment: %s: %s", type(exc).__name__, exc)
+        print(error_line(exc), flush=True)
         return 2
     spark = spark_session(f"airflow-eos stage {attempt.pipeline} e{attempt.epoch}")
     try:
@@ -1080,9 +1059,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                            rows_per_chunk=args.rows_per_chunk)
     except EosError as exc:
         log.error("stage job failed: %s", exc)
+        print(error_line(exc), flush=True)
         return 1
-    except Exception:
+    except Exception as exc:
         log.exception("stage job of %s failed", attempt)
+        print(error_line(exc), flush=True)
         return 1
     finally:
         stop_session(spark)
