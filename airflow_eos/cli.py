@@ -60,7 +60,8 @@ def _connection_options(*, kafka: bool) -> argparse.ArgumentParser:
     common.add_argument("-v", "--verbose", action="store_true", help="log what the core does (to stderr)")
     group = common.add_argument_group("connections")
     group.add_argument("--postgres-url", default=os.environ.get("EOS_POSTGRES_URL"), metavar="URL",
-                       help="libpq URL or conninfo of the target database, which holds the ledger (schema eos); "
+                       help="the target database, which holds the ledger (schema eos): a libpq URL or conninfo, "
+                            "a SQLAlchemy URL (postgresql+psycopg2://...) or jdbc:postgresql://...; "
                             "default: $EOS_POSTGRES_URL")
     if not kafka:
         return common
