@@ -238,7 +238,8 @@ class PostgresTarget(Sink):
         try:
             yield conn
         except psycopg.OperationalError as exc:
-            raise LedgerUnavailable(f"{purpose} failed in {redact(self.url)}: {redact(str(exc), self.url)}{hint}") from exc
+            raise LedgerUnavailable(
+                f"{purpose} failed in {redact(self.url)}: {redact(str(exc), self.url)}{hint}") from exc
         finally:
             conn.close()
 

@@ -259,7 +259,7 @@ def test_no_password_in_any_output_whatever_the_url_form(pg_url, kafka_config, f
         elif "closed port" in form:
             assert "cannot connect to the ledger database" in err, err
         else:
-            assert "give a libpq URL like postgresql://alice:***@db.example:5432/orders" in err, err  # says which form to use
+            assert "give a libpq URL like postgresql://alice:***@db.example:5432/orders" in err, err  # which form
 
     ledger = Ledger(url)
     assert leaked(repr(ledger)) == []
