@@ -24,7 +24,8 @@ from confluent_kafka import KafkaException
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.errors import EosError
-from airflow_eos.core.ledger import Ledger, redact
+from airflow_eos.core.database import redact
+from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.postgres_target import PostgresTarget
 from airflow_eos.core.source import KafkaLog
 from airflow_eos.core.verify import VerifyReport, verify
@@ -59,7 +60,8 @@ def _connection_options(*, kafka: bool) -> argparse.ArgumentParser:
     common.add_argument("-v", "--verbose", action="store_true", help="log what the core does (to stderr)")
     group = common.add_argument_group("connections")
     group.add_argument("--postgres-url", default=os.environ.get("EOS_POSTGRES_URL"), metavar="URL",
-                       help="libpq URL or conninfo of the target database, which holds the ledger (schema eos); "
+                       help="the target database, which holds the ledger (schema eos): a libpq URL or conninfo, "
+                            "a SQLAlchemy URL (postgresql+psycopg2://...) or jdbc:postgresql://...; "
                             "default: $EOS_POSTGRES_URL")
     if not kafka:
         return common
@@ -246,8 +248,7 @@ def print_status(ledger: Ledger, pipeline: str, out: TextIO, *, kafka_config: di
     """A pipeline's windows, attempts and offsets (and, with Kafka, its lag)."""
     kafka = kafka_config
     with ledger.connect() as conn, conn.transaction():
-        if conn.execute("SELECT to_regclass('eos.windows') IS NULL").fetchone()[0]:
-            raise UsageError(f"no airflow-eos ledger in {redact(ledger.url)}: schema eos is missing")
+        _require_ledger(conn, ledger)
         windows = conn.execute(
             "SELECT window_start, window_end, state, epoch, published_rows, dead_letter_rows, committed_at"
             " FROM eos.windows WHERE pipeline = %s ORDER BY window_start", (pipeline,)).fetchall()
@@ -295,6 +296,13 @@ def print_status(ledger: Ledger, pipeline: str, out: TextIO, *, kafka_config: di
     print(table(headers, rows) if rows else "no partitions planned yet", file=out)
     if kafka is None:
         print("(pass --kafka-bootstrap or --kafka-config to see the end of each log and the lag)", file=out)
+
+
+def _require_ledger(conn: psycopg.Connection, ledger: Ledger) -> None:
+    """Refuse, in words, a database where airflow-eos never ran (rather than
+    fail on the first query with the server's "relation does not exist")."""
+    if conn.execute("SELECT to_regclass('eos.windows') IS NULL OR to_regclass('eos.attempts') IS NULL").fetchone()[0]:
+        raise UsageError(f"no airflow-eos ledger in {redact(ledger.url)}: schema eos is missing")
 
 
 def _attempts(states: dict[str, int]) -> str:
@@ -356,9 +364,10 @@ def cmd_sweep(args, out: TextIO) -> int:
     sink = PostgresTarget(url, args.table or "eos.windows")
     now = datetime.now(timezone.utc)
     cutoff = now - args.older_than
+    with sink.ledger.connect() as conn, conn.transaction():
+        _require_ledger(conn, sink.ledger)
+        stale = attempts.live_attempts(conn, opened_before=cutoff) if args.dry_run else []
     if args.dry_run:
-        with sink.ledger.connect() as conn, conn.transaction():
-            stale = attempts.live_attempts(conn, opened_before=cutoff)
         verb = "would abort"
     else:
         stale = sink.sweep(args.older_than, now=now)
@@ -389,7 +398,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
     try:
         return args.run(args, out)
     except (UsageError, EosError, psycopg.Error, KafkaException) as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=err)
+        # The core redacts what it raises; this is the last line of defence for
+        # a driver's message that quotes the URL it was given.
+        print(f"{PROG} {args.command}: error: {redact(str(exc), getattr(args, 'postgres_url', None))}", file=err)
         return USAGE
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
 
+from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import LedgerUnavailable, WindowConflict
 from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS
 from airflow_eos.core.windows import Cut, PartitionRange, TopicPartition, Window, WindowPlan
@@ -24,12 +24,6 @@ log = logging.getLogger(__name__)
 
 # pg_advisory_xact_lock key for migrations: any constant, shared by all versions.
 _MIGRATION_LOCK = 0x656F735F6D6967  # "eos_mig"
-
-
-def redact(url: str) -> str:
-    """A connection URL or libpq conninfo string fit for a log line or an error."""
-    url = re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
 
 
 @dataclass(frozen=True)
@@ -58,10 +52,7 @@ class Ledger:
 
     @contextlib.contextmanager
     def connect(self) -> Iterator[psycopg.Connection]:
-        try:
-            conn = psycopg.connect(self.url, connect_timeout=self.connect_timeout)
-        except psycopg.OperationalError as exc:
-            raise LedgerUnavailable(f"cannot connect to the ledger database {redact(self.url)}: {exc}") from exc
+        conn = connect(self.url, "ledger", autocommit=False, connect_timeout=self.connect_timeout)
         try:
             yield conn
         finally:

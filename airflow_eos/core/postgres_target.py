@@ -73,7 +73,8 @@ from airflow_eos.core.errors import (
     NotPrepared,
     TargetError,
 )
-from airflow_eos.core.ledger import Ledger, redact
+from airflow_eos.core.database import connect, redact
+from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED, CommitResult, Sink
 from airflow_eos.core.windows import Window
 
@@ -134,14 +135,6 @@ def parse_table_name(name: str) -> tuple[str | None, str]:
 
 def _staging_ids(staging: str) -> tuple[sql.Identifier, sql.Identifier]:
     return sql.Identifier(STAGING_SCHEMA, staging), sql.Identifier(STAGING_SCHEMA, staging + DEAD_LETTER_SUFFIX)
-
-
-def _connect(url: str, purpose: str, connect_timeout: int = 10) -> psycopg.Connection:
-    try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout,
-                               application_name=f"airflow-eos {purpose}"[:63])
-    except psycopg.OperationalError as exc:
-        raise LedgerUnavailable(f"cannot connect to {redact(url)}: {exc}") from exc
 
 
 def _pg_message(exc: psycopg.Error) -> str:
@@ -241,11 +234,12 @@ class PostgresTarget(Sink):
 
     @contextlib.contextmanager
     def _connection(self, purpose: str, hint: str = "") -> Iterator[psycopg.Connection]:
-        conn = _connect(self._url(), purpose)
+        conn = connect(self._url(), purpose)
         try:
             yield conn
         except psycopg.OperationalError as exc:
-            raise LedgerUnavailable(f"{purpose} failed in {redact(self.url)}: {exc}{hint}") from exc
+            raise LedgerUnavailable(
+                f"{purpose} failed in {redact(self.url)}: {redact(str(exc), self.url)}{hint}") from exc
         finally:
             conn.close()
 
@@ -738,7 +732,7 @@ class StagingWriter:
         rows = dead = 0
         started = time.monotonic()
         rows_table, dead_table = _staging_ids(self.staging)
-        conn = _connect(self.url, f"stage {self.staging}")
+        conn = connect(self.url, f"stage {self.staging}")
         try:
             with conn.transaction():
                 conn.execute("SET LOCAL TIME ZONE 'UTC'")  # zone-less timestamps are UTC

@@ -10,6 +10,9 @@ and timestamp are what the fetch returned.
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -41,11 +44,85 @@ _FORCED = {
 }
 
 
+# librdkafka's own log, through Python logging: an unreachable broker makes it
+# log every reconnect (~20 lines a second), so each kind of line per broker is
+# let through once per interval, with a count of what was held back.
+LIBRDKAFKA_LOG = logging.getLogger("airflow_eos.librdkafka")
+LOG_INTERVAL_S = 60.0
+
+
+class _OncePerInterval(logging.Filter):
+    """Passes the first record of each (facility, broker) per interval."""
+
+    def __init__(self, interval_s: float):
+        super().__init__()
+        self.interval_s = interval_s
+        self._seen: dict[tuple, tuple[float, int]] = {}  # key -> (last passed, held back since)
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, *_librdkafka_key(record))
+        now = time.monotonic()
+        with self._lock:
+            last, held = self._seen.get(key, (None, 0))
+            if last is not None and now - last < self.interval_s:
+                self._seen[key] = (last, held + 1)
+                return False
+            self._seen[key] = (now, 0)
+        if held:
+            record.msg = f"{record.msg} ({held} more like it in the last {self.interval_s:.0f}s not shown)"
+        return True
+
+
+def _librdkafka_key(record: logging.LogRecord) -> tuple[str, str]:
+    """(facility, broker) of a librdkafka log line ("%s [%s] %s": facility,
+    client name, message) or of an error_cb record (its message)."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    text = str(args[-1]) if args else record.getMessage()
+    broker = re.search(r"([\w.\-]+:\d+)(?:/[\w.\-]+)?", text)
+    return (str(args[0]) if len(args) == 3 else record.msg, broker.group(1) if broker else "")
+
+
+LIBRDKAFKA_LOG.addFilter(_OncePerInterval(LOG_INTERVAL_S))
+
+
+class ClientErrors:
+    """A client's ``error_cb``: logs through LIBRDKAFKA_LOG (throttled) and
+    remembers the last error, for the message that gives up on the cluster."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def __call__(self, err) -> None:
+        self.last = err.str() if hasattr(err, "str") else str(err)
+        LIBRDKAFKA_LOG.warning("Kafka client error: %s", self.last)
+
+    def hint(self, bootstrap: str) -> str:
+        """What to check, after a message that says Kafka did not answer."""
+        last = f"; last client error: {self.last}" if self.last else ""
+        return (f"{last}; check that bootstrap.servers ({bootstrap}) is right, that the brokers are up and "
+                "reachable from this host, and the security settings")
+
+
+def client_logging() -> dict:
+    """Settings every librdkafka client of the package gets: its log through
+    LIBRDKAFKA_LOG (throttled) instead of raw lines on stderr, errors to a
+    ClientErrors, and no line for each idle connection the broker closes."""
+    return {"logger": LIBRDKAFKA_LOG, "error_cb": ClientErrors(), "log.connection.close": False}
+
+
+def client_errors(config: dict) -> ClientErrors:
+    """The ClientErrors of a config made by client_logging (a fresh one if the
+    user set their own error_cb)."""
+    errors = config.get("error_cb")
+    return errors if isinstance(errors, ClientErrors) else ClientErrors()
+
+
 def consumer_config(kafka_config: dict, **overrides) -> dict:
     """Client settings for reading planned ranges; no consumer group is joined."""
     if not kafka_config.get("bootstrap.servers"):
         raise ConfigurationError("Kafka configuration has no 'bootstrap.servers'")
-    config = {**_DEFAULTS, **kafka_config, **_FORCED, **overrides}
+    config = {**_DEFAULTS, **client_logging(), **kafka_config, **_FORCED, **overrides}
     # assign() never joins a group, but librdkafka insists on a group.id.
     config.setdefault("group.id", f"airflow-eos-reader-{uuid.uuid4().hex[:8]}")
     return config
@@ -129,6 +206,7 @@ class KafkaLog:
         # librdkafka requires fetch.max.bytes >= message.max.bytes (which a user may have raised).
         config.setdefault("fetch.max.bytes", max(PROBE_FETCH_BYTES, int(config["message.max.bytes"])))
         self._config = consumer_config(config)
+        self._errors = client_errors(self._config)
         try:
             self._consumer = Consumer(self._config)
         except KafkaException as exc:
@@ -152,8 +230,10 @@ class KafkaLog:
             try:
                 metadata = self._consumer.list_topics(topic, timeout=self.timeout)
             except KafkaException as exc:
+                self._consumer.poll(0)  # serves the error_cb, which has the client's reason (refused, ...)
                 raise SourceUnavailable(
-                    f"Kafka at {self._config['bootstrap.servers']} did not answer for topic {topic!r}: {exc}"
+                    f"Kafka at {self._config['bootstrap.servers']} did not answer for topic {topic!r} within "
+                    f"{self.timeout}s: {exc}{self._errors.hint(self._config['bootstrap.servers'])}"
                 ) from exc
             info = metadata.topics.get(topic)
             if info is None or info.error is not None:
@@ -190,8 +270,10 @@ class KafkaLog:
                 if msg is None:
                     idle_polls += 1
                     if idle_polls >= 10:
-                        raise SourceUnavailable(f"no answer from Kafka reading {tp} at offset {offset} "
-                                                f"within {self.timeout}s")
+                        where = "from the beginning of the log" if offset == OFFSET_BEGINNING else f"at offset {offset}"
+                        raise SourceUnavailable(
+                            f"no answer from Kafka at {self._config['bootstrap.servers']} reading {tp} {where} "
+                            f"within {self.timeout}s{self._errors.hint(self._config['bootstrap.servers'])}")
                     continue
                 idle_polls = 0
                 err = msg.error()
@@ -258,7 +340,7 @@ class KafkaLog:
 def mirror_offsets(kafka_config: dict, group_id: str, offsets) -> None:
     """Commit a pipeline's offsets to a consumer group so lag tools see them
     (the ledger stays the source of truth)."""
-    consumer = Consumer({**kafka_config, "group.id": group_id, "enable.auto.commit": False})
+    consumer = Consumer({**client_logging(), **kafka_config, "group.id": group_id, "enable.auto.commit": False})
     try:
         consumer.commit(offsets=[KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
                         asynchronous=False)

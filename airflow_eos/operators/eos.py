@@ -33,7 +33,8 @@ from airflow_eos.core.postgres_target import PostgresTarget
 from airflow_eos.core.source import KafkaLog, KafkaSource, mirror_offsets
 from airflow_eos.core.windows import Window, WindowPlan
 from airflow_eos.hooks.eos import EosKafkaHook, EosPostgresHook, resolve_target
-from airflow_eos.spark.submit import stage_job_environment, stage_job_path
+from airflow_eos.spark.submit import job_error, stage_job_environment, stage_job_path
+from airflow_eos.spark.transform import check_transform, parse_transform
 from airflow_eos.triggers.eos import WindowClosedTrigger
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,13 @@ class EosSparkStageOperator(SparkSubmitOperator):
     :param source: the window's KafkaSource
     :param target: the window's PostgresTarget
     :param transform: ``"module:function"``, DataFrame -> DataFrame, run in Spark
-        (None: the records as read, for targets shaped like the Kafka schema)
+        (None: the records as read, for targets shaped like the Kafka schema).
+        Its syntax is checked when the DAG is parsed; before an attempt is
+        opened, the task imports the module and checks the function exists and
+        is callable, so a transform that cannot load fails at once with the
+        import error as its headline. When the module is not installed on the
+        Airflow worker and ``py_files`` ships it, only the syntax is checked
+        here; the stage job loads it and reports its error as the headline.
     :param max_records_per_task: Kafka ranges wider than this are split over tasks
     :param max_bad_records: records the transform may reject into the dead-letter
         table before the window fails
@@ -230,8 +237,8 @@ class EosSparkStageOperator(SparkSubmitOperator):
             raise TypeError(f"source must be a KafkaSource, not {type(source).__name__}")
         if not isinstance(target, PostgresTarget):
             raise TypeError(f"target must be a PostgresTarget, not {type(target).__name__}")
-        if transform is not None and ":" not in transform:
-            raise ValueError(f"transform must be 'module:function', got {transform!r}")
+        if transform is not None and "{{" not in transform:  # a template is checked once rendered
+            parse_transform(transform)
         if max_records_per_task < 1 or max_bad_records < 0:
             raise ValueError("max_records_per_task must be >= 1 and max_bad_records >= 0")
         self.plan = plan
@@ -242,6 +249,8 @@ class EosSparkStageOperator(SparkSubmitOperator):
         self.max_bad_records = max_bad_records
 
     def execute(self, context) -> dict:
+        # Before an attempt is opened and ~20 s of spark-submit are spent on a job that cannot load it.
+        check_transform(self.transform, shipped=bool(self.py_files))
         plan = WindowPlan.from_dict(self.plan)
         target = resolve_target(self.target)
         attempt = target.begin(plan.window)
@@ -266,9 +275,33 @@ class EosSparkStageOperator(SparkSubmitOperator):
             self.conf = {"spark.ui.enabled": "false", **(self.conf or {})}
         self.env_vars = {**(self.env_vars or {}), **stage_job_environment(target, kafka_config, local=local)}
         started = time.monotonic()
-        super().execute(context)
+        self._job_error: str | None = None
+        try:
+            super().execute(context)
+        except AirflowException as exc:
+            if self._job_error is None:
+                raise
+            # The job's own error is the headline; spark-submit's (the command line and exit code) follows.
+            raise AirflowException(f"{self._job_error}\n(spark-submit of the stage job of {attempt} failed: "
+                                   f"{exc})") from None
         self.log.info("%s: stage job finished in %.1fs", attempt, time.monotonic() - started)
         return attempt.to_dict()
+
+    def _get_hook(self):
+        """The Spark provider's hook, reading the job's output as it streams it
+        to the log, to find the job's error line (see airflow_eos.spark.submit)."""
+        hook = super()._get_hook()
+        stream_to_log = hook._process_spark_submit_log
+
+        def watch(lines):
+            def seen():
+                for line in lines:
+                    self._job_error = job_error(line) or getattr(self, "_job_error", None)
+                    yield line
+            stream_to_log(seen())
+
+        hook._process_spark_submit_log = watch
+        return hook
 
     @cached_property
     def _spark_connect_url(self) -> str | None:

@@ -415,7 +415,7 @@ def read_range(
     from confluent_kafka import Consumer, KafkaError, KafkaException, Message
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    from airflow_eos.core.source import consumer_config
+    from airflow_eos.core.source import client_errors, consumer_config
 
     stats = stats if stats is not None else ReadStats()
     start, end = task.start_offset, task.end_offset
@@ -523,7 +523,7 @@ def read_range(
             if not msgs and now - last_answer >= poll_timeout_s:
                 raise SourceUnavailable(
                     f"{task}: no answer from Kafka at {config['bootstrap.servers']} for {poll_timeout_s:.0f}s "
-                    f"while reading at offset {next_offset}"
+                    f"while reading at offset {next_offset}{client_errors(config).hint(config['bootstrap.servers'])}"
                 )
             if now - last_progress_log >= PROGRESS_EVERY_S:
                 last_progress_log = now

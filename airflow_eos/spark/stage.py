@@ -91,7 +91,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib
 import json
 import logging
 import re
@@ -113,16 +112,16 @@ from airflow_eos.core.errors import (
     ConfigurationError,
     EosError,
     InvalidCheckpoint,
-    LedgerUnavailable,
     TargetError,
     WindowConflict,
     WindowNotPlanned,
 )
-from airflow_eos.core.ledger import redact
+from airflow_eos.core.database import connect, redact
 from airflow_eos.core.postgres_target import LINEAGE_COLUMNS, PostgresTarget, StagingWriter, parse_table_name
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK, read_plan, worker_logging
 from airflow_eos.spark.kafka_source import register as register_kafka_source
+from airflow_eos.spark.transform import load_transform
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -418,14 +417,6 @@ class StageSettings:
             raise ConfigurationError(f"the {FORMAT_NAME} data source needs option {exc}; use run_stage") from None
 
 
-def _connect(url: str, purpose: str) -> psycopg.Connection:
-    try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10,
-                               application_name=f"airflow-eos {purpose}"[:63])
-    except psycopg.OperationalError as exc:
-        raise LedgerUnavailable(f"cannot connect to {redact(url)} to {purpose}: {exc}") from exc
-
-
 # --------------------------------------------------------------------------- read side: what was consumed
 
 
@@ -442,7 +433,7 @@ def report_read(options: Mapping[str, str], task: "KafkaRangePartition", stats: 
     attempt = Attempt.from_dict(json.loads(options["attempt"]))
     key = (attempt.pipeline, attempt.window_start, attempt.epoch, options["run"], task.topic, task.partition,
            task.start_offset)
-    with _connect(options["ledger.secret"], f"read report {attempt}") as conn:
+    with connect(options["ledger.secret"], f"read report {attempt}") as conn:
         end, records = conn.execute(
             "INSERT INTO eos.read_ranges (pipeline, window_start, epoch, run, topic, partition, start_offset,"
             " end_offset, records, seconds) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -459,7 +450,7 @@ def report_read(options: Mapping[str, str], task: "KafkaRangePartition", stats: 
 
 def load_read_ranges(url: str, attempt: Attempt, run: str) -> list[tuple[ConsumedRange, float]]:
     """The sub-ranges the run's read tasks reported, with their read seconds."""
-    with _connect(url, f"load read ranges {attempt}") as conn:
+    with connect(url, f"load read ranges {attempt}") as conn:
         rows = conn.execute(
             "SELECT topic, partition, start_offset, end_offset, records, seconds FROM eos.read_ranges"
             " WHERE pipeline = %s AND window_start = %s AND epoch = %s AND run = %s"
@@ -852,28 +843,6 @@ class StageReport:
                 f"{self.dead_letters} dead letters, {self.chunks} chunk(s){rate}; {phases}")
 
 
-def load_transform(spec: str | Callable | None) -> Callable | None:
-    """``module:function`` (the function may be a dotted attribute path), a
-    callable, or None (stage the records as read)."""
-    if spec is None or callable(spec):
-        return spec
-    module_name, sep, attr = str(spec).partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigurationError(f"transform must be 'module:function', got {spec!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"transform {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigurationError(f"transform {spec!r}: {module_name!r} has no {attr!r}") from None
-    if not callable(obj):
-        raise ConfigurationError(f"transform {spec!r} is not callable")
-    return obj
-
-
 def _check_attempt(target: PostgresTarget, plan: WindowPlan, attempt: Attempt) -> None:
     """Before any Spark work: the plan is the window's frozen one and the
     attempt can still be checkpointed."""
@@ -896,7 +865,7 @@ def _check_attempt(target: PostgresTarget, plan: WindowPlan, attempt: Attempt) -
 def _not_null_columns(target: PostgresTarget, columns: Sequence[str]) -> list[str]:
     schema, table = parse_table_name(target.table)
     ident = sql.Identifier(table) if schema is None else sql.Identifier(schema, table)
-    with _connect(target.url, f"describe {target.table}") as conn:
+    with connect(target.url, f"describe {target.table}") as conn:
         rows = conn.execute(
             "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
             " AND NOT attisdropped AND attnotnull", (ident.as_string(conn),),
@@ -1069,7 +1038,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """spark-submit entry: 0 once the checkpoint is written, 1 when the job
     failed (the message says why), 2 for unusable arguments or environment."""
     from airflow_eos.spark.session import spark_session, stop_session
-    from airflow_eos.spark.submit import kafka_config_from_environment, target_from_environment
+    from airflow_eos.spark.submit import error_line, kafka_config_from_environment, target_from_environment
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -1081,6 +1050,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kafka_config = kafka_config_from_environment()
     except (KeyError, ValueError, TypeError) as exc:
         log.error("stage job: unusable arguments or environment: %s: %s", type(exc).__name__, exc)
+        print(error_line(exc), flush=True)
         return 2
     spark = spark_session(f"airflow-eos stage {attempt.pipeline} e{attempt.epoch}")
     try:
@@ -1089,9 +1059,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                            rows_per_chunk=args.rows_per_chunk)
     except EosError as exc:
         log.error("stage job failed: %s", exc)
+        print(error_line(exc), flush=True)
         return 1
-    except Exception:
+    except Exception as exc:
         log.exception("stage job of %s failed", attempt)
+        print(error_line(exc), flush=True)
         return 1
     finally:
         stop_session(spark)

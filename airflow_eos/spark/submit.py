@@ -9,6 +9,8 @@ need not load Spark.
 - environment (secrets never go on a command line, which ``ps`` shows):
   ``EOS_TARGET_JSON`` (the PostgresTarget's fields, with its URL) and
   ``EOS_KAFKA_CONFIG_JSON`` (the librdkafka settings of the source cluster).
+- output: on failure, one line ``EOS_STAGE_ERROR {"error": ..., "message": ...}``
+  (redacted), which the operator makes its exception's headline.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import os
 import sys
 from pathlib import Path
 
+from airflow_eos.core.database import redact
 from airflow_eos.core.postgres_target import PostgresTarget
 
 TARGET_ENV = "EOS_TARGET_JSON"
 KAFKA_CONFIG_ENV = "EOS_KAFKA_CONFIG_JSON"
+ERROR_LINE = "EOS_STAGE_ERROR "
 
 
 def stage_job_path() -> str:
@@ -53,3 +57,22 @@ def target_from_environment(environ=os.environ) -> PostgresTarget:
 
 def kafka_config_from_environment(environ=os.environ) -> dict:
     return json.loads(environ[KAFKA_CONFIG_ENV])
+
+
+def error_line(exc: BaseException) -> str:
+    """The line the stage job prints when it fails: why, in one line of JSON."""
+    return ERROR_LINE + json.dumps({"error": type(exc).__name__, "message": redact(str(exc))})
+
+
+def job_error(line: str) -> str | None:
+    """``"Error: message"`` from a line of the job's output, if it is its error line."""
+    _, marker, payload = line.partition(ERROR_LINE.strip())
+    if not marker:
+        return None
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None
+    message = data.get("message", "")
+    # StageFailed's message already starts with its own cause ("the stage job of ... failed: ...").
+    return message if data.get("error") == "StageFailed" else f"{data.get('error')}: {message}"

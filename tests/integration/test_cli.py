@@ -14,6 +14,7 @@ import pytest
 from airflow_eos.cli import main, parse_duration
 from airflow_eos.core.source import KafkaLog
 from airflow_eos.core.windows import TopicPartition
+from airflow_eos.testing.leaks import PASSWORD, leaked
 from airflow_eos.testing.services import free_port
 from test_verify import ORDERS_DDL, PIPELINE, build, execute
 
@@ -199,3 +200,109 @@ def test_console_script_runs_without_airflow(pg_url, kafka_config, committed):
                                                  " print(sorted(m for m in sys.modules if m.split('.')[0] == 'airflow'))"],
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+# --------------------------------------------------------------------------- no secret in any output
+
+
+def _url_forms(pg_url):
+    """The test database under each URL form, with a password the server (trust
+    auth) ignores; then forms that cannot connect: malformed, and a closed port."""
+    host_port, db = pg_url.split("@", 1)[1].split("/", 1)
+    host, port = host_port.split(":")
+    closed = free_port()
+    return {
+        "libpq URL": f"postgresql://postgres:{PASSWORD}@{host}:{port}/{db}",
+        "SQLAlchemy psycopg2": f"postgresql+psycopg2://postgres:{PASSWORD}@{host}:{port}/{db}",
+        "SQLAlchemy psycopg": f"postgresql+psycopg://postgres:{PASSWORD}@{host}:{port}/{db}",
+        "JDBC": f"jdbc:postgresql://{host}:{port}/{db}?user=postgres&password={PASSWORD}",
+        "query password": f"postgresql://postgres@{host}:{port}/{db}?password={PASSWORD}",
+        "conninfo": f"host={host} port={port} dbname={db} user=postgres password='{PASSWORD}'",
+        "malformed conninfo": f"host={host} port={port} password='{PASSWORD}' dbname",
+        "malformed query": f"postgresql://postgres:{PASSWORD}@{host}:{port}/{db}?sslpassword={PASSWORD}&bogus=1",
+        "JDBC with JDBC-only parameters": f"jdbc:postgresql://{host}:{port}/{db}?password={PASSWORD}&ssl=true",
+        "closed port": f"postgresql://postgres:{PASSWORD}@{host}:{closed}/{db}",
+        "closed port, conninfo": f"host={host} port={closed} dbname={db} password={PASSWORD}",
+    }
+
+
+FORMS = ["libpq URL", "SQLAlchemy psycopg2", "SQLAlchemy psycopg", "JDBC", "query password", "conninfo",
+         "malformed conninfo", "malformed query", "JDBC with JDBC-only parameters", "closed port",
+         "closed port, conninfo"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_no_password_in_any_output_whatever_the_url_form(pg_url, kafka_config, form, caplog):
+    """status, verify and sweep (on a database without a ledger), then
+    Ledger.connect and Ledger.migrate, with the URL in each form: the forms
+    that point at the server work (a SQLAlchemy or JDBC URL is normalised), the
+    others fail in words; no piece of the password appears in any output,
+    exception (with its chain), repr or log record."""
+    import logging
+    import traceback
+
+    from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable
+    from airflow_eos.core.ledger import Ledger
+    from airflow_eos.core.migrations import LATEST_VERSION
+
+    url = _url_forms(pg_url)[form]
+    reachable = form in FORMS[:6]
+    caplog.set_level(logging.DEBUG)
+    bootstrap = ["--kafka-bootstrap", kafka_config["bootstrap.servers"]]
+    for argv in (["status", "--pipeline", PIPELINE, *bootstrap], ["verify", "--pipeline", PIPELINE,
+                 "--table", "orders", *bootstrap], ["sweep", "--older-than", "1h"]):
+        code, out, err = run(*argv, "--postgres-url", url, "-v")
+        assert code == 2 and out == "", (argv, out, err)
+        assert leaked(out + err) == [], err
+        if reachable:
+            assert "schema eos is missing" in err, err
+        elif "closed port" in form:
+            assert "cannot connect to the ledger database" in err, err
+        else:
+            assert "give a libpq URL like postgresql://alice:***@db.example:5432/orders" in err, err  # which form
+
+    ledger = Ledger(url)
+    assert leaked(repr(ledger)) == []
+
+    def connect_and_read():
+        with ledger.connect() as conn:
+            return conn.execute("SELECT max(version) FROM eos.schema_version").fetchone()[0]
+
+    for step in (ledger.migrate, connect_and_read):
+        try:
+            assert step() == LATEST_VERSION and reachable
+        except (ConfigurationError, LedgerUnavailable) as exc:
+            assert not reachable, exc
+            assert leaked("".join(traceback.format_exception(exc))) == []
+            assert exc.__cause__ is None and exc.__context__ is None  # the driver's text is not chained
+    assert leaked(caplog.text) == [] and leaked(" ".join(str(r.args) for r in caplog.records)) == []
+
+
+def test_sweep_on_a_database_without_a_ledger_explains(pg_url):
+    code, out, err = run("sweep", "--older-than", "1h", "--postgres-url", pg_url)
+    assert (code, out) == (2, "")
+    assert err.strip() == f"airflow-eos sweep: error: no airflow-eos ledger in {pg_url}: schema eos is missing"
+    code, out, err = run("sweep", "--older-than", "1h", "--postgres-url", pg_url, "--dry-run")
+    assert (code, out) == (2, "") and "schema eos is missing" in err
+
+
+def test_an_unreachable_broker_is_one_clear_error_naming_it(pg_url, committed, caplog, capfd):
+    """status and verify against a closed port: exit 2 with one error that names
+    the address, the partition and what to check; never "offset -2" (the
+    beginning of the log); a handful of librdkafka records, none on stderr."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    address = f"127.0.0.1:{free_port()}"
+    for argv in (["status", "--pipeline", PIPELINE], ["verify", "--pipeline", PIPELINE, "--table", "orders"]):
+        caplog.clear()
+        code, out, err = run(*argv, "--postgres-url", pg_url, "--kafka-bootstrap", address, "--kafka-timeout", "2")
+        assert code == 2, out + err
+        [line] = err.splitlines()
+        assert f"Kafka at {address}" in line and f"check that bootstrap.servers ({address}) is right" in line, line
+        assert "offset -2" not in line
+        if argv[0] == "verify":
+            assert f"reading {committed.topic}[0] from the beginning of the log within 2.0s" in line, line
+        librdkafka = [r for r in caplog.records if r.name == "airflow_eos.librdkafka"]
+        assert len(librdkafka) < 10, [r.getMessage() for r in librdkafka]
+        assert "rdkafka" not in capfd.readouterr().err

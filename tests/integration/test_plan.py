@@ -324,11 +324,19 @@ def test_unknown_topic_is_a_clear_error(ledger, kafka_config):
         plan(ledger, kafka_config, "p", T0, T0 + HOUR, ["no-such-topic"])
 
 
-def test_unreachable_broker_is_a_clear_error(ledger):
-    dead = {"bootstrap.servers": f"127.0.0.1:{free_port()}"}
-    with pytest.raises(SourceUnavailable, match="did not answer"):
-        with KafkaLog(dead, timeout=2) as log:
+def test_unreachable_broker_is_a_clear_error(ledger, caplog, capfd):
+    """One error naming the address and what to check; librdkafka's reconnect
+    lines (~20 a second) are not let through, to the log nor to stderr."""
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(SourceUnavailable, match="did not answer") as caught:
+        with KafkaLog({"bootstrap.servers": address}, timeout=2) as log:
             plan_window(ledger, log, PlanRequest(Window("p", T0, T0 + HOUR), ("orders",)), now=LATER)
+    assert f"Kafka at {address} did not answer for topic 'orders' within 2s" in str(caught.value)
+    assert f"Connect to ipv4#{address} failed" in str(caught.value)  # the client's own reason
+    assert f"check that bootstrap.servers ({address}) is right" in str(caught.value)
+    librdkafka = [r for r in caplog.records if r.name == "airflow_eos.librdkafka"]
+    assert 0 < len(librdkafka) < 10, [r.getMessage() for r in librdkafka]
+    assert "rdkafka" not in capfd.readouterr().err
 
 
 def test_unreachable_database_is_a_clear_error_without_the_password():

@@ -770,6 +770,42 @@ def test_spark_submit_runs_the_job_with_the_operators_contract(pg_url, ledger, k
     admin.delete_topics([topic])[topic].result(15)
 
 
+def test_a_failed_stage_job_is_reported_by_the_operator_with_the_jobs_error_first(pg_url, ledger, kafka,
+                                                                                     topics, monkeypatch):
+    """The stage operator through spark-submit, with a transform that loads on
+    the worker but fails in the job: the task's exception starts with the job's
+    own error; spark-submit's command line and exit code come after it."""
+    from airflow.sdk import DAG
+    from airflow.sdk.exceptions import AirflowException
+
+    from airflow_eos.core.source import KafkaSource
+    from airflow_eos.examples.transforms import ORDERS_TABLE_DDL
+    from airflow_eos.operators.eos import EosSparkStageOperator
+
+    topic = topics.create(partitions=1)
+    topics.produce(topic, [(0, 1_700_000_000_000, b'{"order_id": "o1"}')] * 3)
+    plan = WindowPlan(WINDOW, (PartitionRange(topic, 0, 0, 3),))
+    execute(pg_url, ORDERS_TABLE_DDL)
+    freeze(pg_url, plan)
+    host, port = pg_url.split("@", 1)[1].split("/", 1)[0].split(":")
+    monkeypatch.setenv("AIRFLOW_CONN_EOS_PG", json.dumps({"conn_type": "postgres", "host": host, "port": int(port),
+                                                          "login": "postgres", "schema": pg_url.rsplit("/", 1)[1]}))
+    monkeypatch.setenv("AIRFLOW_CONN_EOS_KAFKA", json.dumps({"conn_type": "kafka",
+                                                             "extra": {"bootstrap.servers": kafka.address}}))
+    monkeypatch.setenv("AIRFLOW_CONN_EOS_SPARK", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    with DAG("stage_failure", schedule=None, start_date=T0):
+        stage = EosSparkStageOperator(
+            task_id="stage", plan=plan.to_dict(), source=KafkaSource([topic], kafka_conn_id="eos_kafka"),
+            target=PostgresTarget(table="analytics.orders", postgres_conn_id="eos_pg"),
+            transform="json:dumps", conn_id="eos_spark")  # callable, but not DataFrame -> DataFrame
+    with pytest.raises(AirflowException) as caught:
+        stage.execute(context={})
+    headline, *rest = str(caught.value).splitlines()
+    assert headline == "TypeError: Object of type DataFrame is not JSON serializable", caught.value
+    assert "spark-submit of the stage job of" in rest[0] and "Cannot execute: spark-submit" in "\n".join(rest)
+    assert execute(pg_url, "SELECT state FROM eos.attempts") == [("aborted",)]
+
+
 def test_refused_rows_are_found_from_the_copy_line_even_across_multiline_values(pg_url, ledger):
     """Without Spark: a write task's input with values spanning several lines
     (the first row too, which PostgreSQL counts differently) and two values the

@@ -149,3 +149,42 @@ def test_the_stage_runs_on_spark_connect_when_its_connection_is_a_spark_connect_
 
     assert stage("sc_t")._spark_connect_url == "sc://127.0.0.1:15002/;token=s3cret"
     assert stage("spark_t")._spark_connect_url is None  # spark-submit, as before
+
+
+@pytest.mark.parametrize("transform, headline", [
+    ("nope.module:fn", "ModuleNotFoundError: No module named 'nope' (transform 'nope.module:fn': cannot import"),
+    ("airflow_eos.examples.transforms:nope", "transform 'airflow_eos.examples.transforms:nope': module "
+                                             "'airflow_eos.examples.transforms' has no 'nope'"),
+    ("airflow_eos.examples.transforms:ORDERS_TABLE_DDL",
+     "transform 'airflow_eos.examples.transforms:ORDERS_TABLE_DDL' is a str, not a function"),
+])
+def test_a_transform_that_cannot_load_fails_the_stage_before_anything_is_opened(transform, headline, monkeypatch):
+    """Accepted at parse time (the syntax is right); the task fails at once,
+    the cause first, before it reads a connection or opens an attempt."""
+    import airflow_eos.operators.eos as operators
+
+    monkeypatch.setattr(operators, "resolve_target", lambda target: pytest.fail("an attempt would be opened"))
+    with DAG("d4", schedule=None, start_date=T0):
+        stage = EosSparkStageOperator(task_id="s", plan={}, source=SOURCE, target=TARGET, transform=transform)
+    with pytest.raises(ConfigurationError) as caught:
+        stage.execute(context={})
+    assert str(caught.value).startswith(headline), caught.value
+
+
+@pytest.mark.parametrize("transform", ["nocolon", "pkg.mod:", ":fn", "pkg mod:fn", "pkg.mod:fn()"])
+def test_a_transform_name_that_is_not_module_colon_function_fails_at_parse(transform):
+    with DAG("d5", schedule=None, start_date=T0):
+        with pytest.raises(ConfigurationError, match="transform must be 'module:function'"):
+            EosSparkStageOperator(task_id="s", plan={}, source=SOURCE, target=TARGET, transform=transform)
+
+
+def test_a_transform_shipped_with_py_files_is_only_checked_where_it_can_be(caplog):
+    from airflow_eos.spark.transform import check_transform
+
+    caplog.set_level("INFO")
+    check_transform("shipped_pkg.transforms:orders", shipped=True)  # not installed here: the job checks it
+    assert "it ships with py_files, so the stage job loads and checks it" in caplog.text
+    with pytest.raises(ConfigurationError, match="has no 'nope'"):  # installed here: checked here
+        check_transform("airflow_eos.examples.transforms:nope", shipped=True)
+    with pytest.raises(ConfigurationError, match="No module named 'shipped_pkg'"):
+        check_transform("shipped_pkg.transforms:orders")

@@ -1,0 +1,163 @@
+"""Connecting to the target database (which holds the ledger), and keeping its
+password out of every message.
+
+Every connection the package opens goes through :func:`connect`, and every text
+that may hold a connection string — an error, a log line, a ``repr`` — goes
+through :func:`redact`. libpq echoes the conninfo it could not parse (``missing
+"=" after "postgresql+psycopg2://user:PASSWORD@…"``), so a driver's message is
+redacted as well, knowing the URL it was given.
+
+URL forms accepted (see :func:`libpq_url`): libpq URLs (``postgresql://``,
+``postgres://``), libpq key=value conninfo, SQLAlchemy URLs as Airflow shows them
+(``postgresql+psycopg2://``, ``postgresql+psycopg://``, ...), and
+``jdbc:postgresql://host/db?user=u&password=p`` when all its parameters are
+libpq ones. A password may hold a raw ``@`` or ``:``: the userinfo ends at the
+LAST ``@`` (so an ``@`` in a query value must be percent-encoded, ``%40``).
+Percent-encoded characters are decoded, as libpq does.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from urllib.parse import parse_qsl, quote, unquote
+
+import psycopg
+
+from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable
+
+MASK = "***"
+
+# scheme://user:password@ — the password runs to the last "@" of the token
+# (greedy), so a raw "@" or ":" inside it is masked too.
+_URL_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][\w+.\-]*://[^\s:/@\"'?#]*):(?P<password>[^\s\"']*)@")
+# password=... and sslpassword=... in a URL query or in key=value conninfo: a
+# quoted value (an unterminated quote runs to the end), else up to whitespace;
+# a mask already there stays as it is.
+_PASSWORD_PARAM = re.compile(
+    r"(?i)(?P<head>(?:ssl)?password\s*=\s*)(?P<value>\*\*\*(?![^\s,;:)'\"])|'(?:[^'\\]|\\.)*(?:'|\Z)|\S+)")
+_SQLALCHEMY_SCHEME = re.compile(r"(?i)^postgres(?:ql)?\+[\w.]+://")
+_LIBPQ_SCHEME = re.compile(r"(?i)^postgres(?:ql)?://")
+# Written as redact() leaves it, so that redacting a message twice keeps it whole.
+_FORMS = ("a libpq URL like postgresql://alice:***@db.example:5432/orders (percent-encode special characters of "
+          "the password) or a conninfo like 'host=db.example port=5432 dbname=orders user=alice password=***'")
+# Shorter secrets are only masked where their syntax shows them: as plain
+# strings they would mask unrelated words.
+_MIN_LITERAL = 3
+
+
+def redact(text: str, url: str | None = None) -> str:
+    """``text`` with every password of a connection string masked, whatever its
+    form (URL userinfo, ``password=``/``sslpassword=`` parameters, quoted or not).
+
+    With ``url`` (the connection string a driver was given), the passwords in it
+    are also masked wherever they appear in ``text`` — raw, decoded or encoded —
+    for messages that quote a fragment of a string libpq could not parse.
+    """
+    # Parameters first: a masked "password=***" leaves no "@" for the
+    # userinfo pattern to run to.
+    text = _PASSWORD_PARAM.sub(lambda m: m["head"] + MASK, str(text))
+    text = _URL_USERINFO.sub(lambda m: f"{m['head']}:{MASK}@", text)
+    for secret in sorted(_secrets(url), key=len, reverse=True) if url else ():
+        text = text.replace(secret, MASK)
+    return text
+
+
+def _secrets(url: str) -> set[str]:
+    """The passwords written in ``url``, in each spelling a message may show."""
+    found: list[str] = []
+    userinfo = -1 if url.strip()[:5].lower() == "jdbc:" else _userinfo_end(url.partition("://")[2])
+    if userinfo > 0:
+        user_password = url.partition("://")[2][:userinfo]
+        if ":" in user_password:
+            found.append(user_password.split(":", 1)[1])
+    for m in _PASSWORD_PARAM.finditer(url):
+        value = m["value"]
+        found.append(value)
+        if value.startswith("'"):
+            found.append(value.strip("'").replace("\\'", "'").replace("\\\\", "\\"))
+        found.extend(value.split("&", 1)[:1])  # a URL query's value ends at "&"
+    spellings = set()
+    for secret in found:
+        decoded = unquote(secret)
+        for spelling in (secret, decoded, quote(decoded, safe="")):
+            spellings.add(spelling)
+            # A parser that split the password at a raw "@" or ":" quotes the
+            # pieces on either side (as a user, host or port).
+            for cut in (i for i, c in enumerate(spelling) if c in "@:"):
+                spellings |= {spelling[:cut], spelling[cut + 1:]}
+    return {s for s in spellings if len(s) >= _MIN_LITERAL}
+
+
+@functools.cache
+def _libpq_keywords() -> frozenset[str]:
+    return frozenset(o.keyword.decode() for o in psycopg.pq.Conninfo.get_defaults())
+
+
+def libpq_url(url: str) -> str:
+    """The connection string libpq understands for ``url`` (see the module's
+    docstring for the forms); raises ConfigurationError, redacted, otherwise."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError(f"no database URL given (got {url!r}); give {_FORMS}")
+    text = url.strip()
+    if text[:5].lower() == "jdbc:":
+        text = text[5:]
+        if not _LIBPQ_SCHEME.match(text):
+            raise ConfigurationError(f"{redact(url)} is a JDBC URL for another database; give {_FORMS}")
+        _, _, query = text.partition("?")
+        unknown = sorted({k for k, _ in parse_qsl(query, keep_blank_values=True)} - _libpq_keywords())
+        if unknown:
+            raise ConfigurationError(
+                f"{redact(url)}: the JDBC parameter(s) {', '.join(unknown)} have no libpq equivalent here; "
+                f"give {_FORMS}, e.g. sslmode=require instead of ssl=true")
+        # JDBC has no userinfo: user and password are query parameters, which
+        # libpq reads as they are (an "@" in them is no separator).
+        return "postgresql://" + text.partition("://")[2]
+    text = _SQLALCHEMY_SCHEME.sub("postgresql://", text, count=1)
+    if "://" not in text:
+        return text  # key=value conninfo: libpq parses it
+    if not _LIBPQ_SCHEME.match(text):
+        raise ConfigurationError(f"{redact(url)} is not a PostgreSQL URL; give {_FORMS}")
+    scheme, _, rest = text.partition("://")
+    at = _userinfo_end(rest)
+    if at < 0:
+        return f"postgresql://{rest}"
+    user, colon, password = rest[:at].partition(":")
+    userinfo = _encode(user) + (":" + _encode(password) if colon else "")
+    return f"postgresql://{userinfo}@{rest[at + 1:]}"
+
+
+def _userinfo_end(rest: str) -> int:
+    """Where the userinfo of ``rest`` (a URL after ``scheme://``) ends: the
+    last "@" before the query string, which starts at the first "?" after the
+    first "@" (a raw "@", ":", "/" or "?" may sit in a password; an "@" in a
+    query value is no separator). -1 without userinfo."""
+    first = rest.find("@")
+    if first < 0:
+        return -1
+    query = rest.find("?", first)
+    return rest.rfind("@", 0, query if query >= 0 else len(rest))
+
+
+def _encode(part: str) -> str:
+    return quote(unquote(part), safe="")
+
+
+def connect(url: str, purpose: str, *, autocommit: bool = True, connect_timeout: int = 10) -> psycopg.Connection:
+    """A connection to the target database, for ``purpose`` (also its
+    application_name). A database that cannot be reached raises
+    LedgerUnavailable, a URL libpq cannot use raises ConfigurationError; both
+    redacted, and without the driver's exception chained (its text holds the
+    unredacted conninfo)."""
+    conninfo = libpq_url(url)
+    try:
+        return psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=connect_timeout,
+                               application_name=f"airflow-eos {purpose}"[:63])
+    except psycopg.OperationalError as exc:
+        detail = redact(str(exc), url)
+        error: Exception = LedgerUnavailable(
+            f"cannot connect to the ledger database {redact(url)} to {purpose}: {detail.strip()}")
+    except psycopg.Error as exc:  # libpq could not parse it: ProgrammingError
+        detail = redact(str(exc), url)
+        error = ConfigurationError(f"{redact(url)} is not a usable database URL: {detail.strip()}; give {_FORMS}")
+    raise error
