@@ -168,6 +168,12 @@ class Ledger:
     # ------------------------------------------------------------------ ownership
 
     _CLAIM_COLUMNS = "pipeline, topics, dag_id, target, target_exclusive"
+    CLAIMS_SINCE_VERSION = 5
+
+    def records_claims(self, conn: psycopg.Connection) -> bool:
+        """The ledger's schema has claims (for readers that do not migrate it)."""
+        return conn.execute("SELECT coalesce(max(version), 0) >= %s FROM eos.schema_version",
+                            (self.CLAIMS_SINCE_VERSION,)).fetchone()[0]
 
     def load_claim(self, conn: psycopg.Connection, pipeline: str) -> Claim | None:
         """The pipeline's recorded claim; None if it has none (never planned,

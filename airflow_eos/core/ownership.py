@@ -48,12 +48,16 @@ class Claim:
     target_exclusive: bool = False
 
     def describe(self) -> str:
-        """``pipeline 'p' (DAG 'd', topics a, b, target postgresql:s.t)``."""
+        """``pipeline 'p' (DAG 'd'; topics a, b; target postgresql:s.t)``."""
+        return f"pipeline {self.pipeline!r} ({self.owner()})"
+
+    def owner(self) -> str:
+        """``DAG 'd'; topics a, b; target postgresql:s.t``."""
         dag = f"DAG {self.dag_id!r}" if self.dag_id else "planned without a DAG"
         parts = [dag, "topics " + ", ".join(self.topics)]
         if self.target:
             parts.append(f"target {self.target}" + (" (one pipeline only)" if self.target_exclusive else ""))
-        return f"pipeline {self.pipeline!r} ({'; '.join(parts)})"
+        return "; ".join(parts)
 
     def covers(self, asked: "Claim") -> bool:
         """This recorded claim already holds everything ``asked`` names: the
