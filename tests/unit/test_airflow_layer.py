@@ -110,6 +110,18 @@ def test_the_plan_claims_the_pipeline_for_its_dag_topics_and_target():
             "postgres_conn_id": "postgres_default"}
 
 
+def test_an_ownership_conflict_from_the_trigger_fails_the_plan_without_retries():
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    dag, _ = make_dag(deferrable=True)
+    plan = dag.get_task("window.plan")
+    with pytest.raises(AirflowFailException, match="OwnershipConflict: two DAGs share"):
+        plan.execute_complete({}, {"status": "error", "error": "OwnershipConflict", "message": "two DAGs share"})
+    with pytest.raises(AirflowException) as other:  # other errors keep the task's retries
+        plan.execute_complete({}, {"status": "error", "error": "SourceUnavailable", "message": "no broker"})
+    assert not isinstance(other.value, AirflowFailException)
+
+
 @pytest.mark.parametrize("trigger", [
     WindowClosedTrigger(poll_interval=5, pipeline="p", topics=["a"], window_start="2026-01-01T00:00:00+00:00",
                         window_end="2026-01-01T01:00:00+00:00", idle_partition_grace_seconds=300,
