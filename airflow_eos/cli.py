@@ -1,4 +1,5 @@
-"""``airflow-eos``: look at a pipeline's ledger, audit it against Kafka, sweep zombies.
+"""``airflow-eos``: look at a pipeline's ledger, audit it against Kafka, sweep zombies,
+release a pipeline's claim.
 
 Runs without Airflow (no connection database): the target database is given by
 ``--postgres-url`` (or EOS_POSTGRES_URL), Kafka by ``--kafka-bootstrap`` (or
@@ -133,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--dry-run", action="store_true", help="list what would be aborted, abort nothing")
     sweep.set_defaults(run=cmd_sweep)
 
+    release = sub.add_parser(
+        "release", parents=[postgres_only], help="forget which DAG, topics and target own a pipeline",
+        description="A pipeline's first plan claims it for its DAG, its topics and its target; every later plan "
+                    "must match, so that a second DAG with the same pipeline id, or a second pipeline sending "
+                    "the same topics into the target, is refused. After a deliberate move (the DAG renamed, the "
+                    "pipeline given other topics or another target), release the claim once: the next plan "
+                    "claims the pipeline again. Windows, cuts and offsets stay; windows planned before keep "
+                    "their topics. Release only after the old DAG is gone or changed, or it claims again first.")
+    release.add_argument("--pipeline", required=True, help="the pipeline id")
+    release.set_defaults(run=cmd_release)
+
     demo = sub.add_parser(
         "demo", help="run the example pipeline end to end on embedded services (what `make demo` runs)",
         description="Start a throwaway PostgreSQL and the embedded Kafka-protocol broker on 127.0.0.1, produce "
@@ -262,6 +274,7 @@ def print_status(ledger: Ledger, pipeline: str, out: TextIO, *, kafka_config: di
                 (pipeline,)):
             counts.setdefault(ws, {})[state] = n
         offsets = attempts.load_offsets(conn, pipeline)
+        claim = ledger.load_claim(conn, pipeline) if ledger.records_claims(conn) else None
         planned = {TopicPartition(t, p) for t, p in conn.execute(
             "SELECT DISTINCT topic, partition FROM eos.window_ranges WHERE pipeline = %s", (pipeline,))}
 
@@ -271,6 +284,8 @@ def print_status(ledger: Ledger, pipeline: str, out: TextIO, *, kafka_config: di
     shown = windows[-limit:] if limit > 0 else windows
     print(f"pipeline {pipeline}: {len(windows)} window(s), "
           + ", ".join(f"{n} {state}" for state, n in sorted(by_state.items())), file=out)
+    print(f"claimed by {claim.owner()}" if claim is not None else "not claimed yet: its next plan claims it",
+          file=out)
     if len(shown) < len(windows):
         print(f"showing the latest {len(shown)}; --limit 0 shows all", file=out)
     print(file=out)
@@ -378,6 +393,28 @@ def cmd_sweep(args, out: TextIO) -> int:
     print(f"{verb} {len(stale)} attempt(s) opened before {_when(cutoff)} UTC:", file=out)
     print(table(["pipeline", "window start (UTC)", "window end (UTC)", "epoch", "staging"],
                 [(a.pipeline, a.window_start, a.window_end, a.epoch, a.staging) for a in stale]), file=out)
+    return OK
+
+
+# --------------------------------------------------------------------------- release
+
+
+def cmd_release(args, out: TextIO) -> int:
+    ledger = Ledger(_postgres_url(args))
+    with ledger.connect() as conn, conn.transaction():
+        if conn.execute("SELECT to_regclass('eos.pipelines') IS NULL").fetchone()[0]:
+            raise UsageError(f"no airflow-eos ledger in {redact(ledger.url)}: schema eos is missing")
+        if not conn.execute("SELECT EXISTS (SELECT 1 FROM eos.pipelines WHERE pipeline = %s)",
+                            (args.pipeline,)).fetchone()[0]:
+            known = [r[0] for r in conn.execute("SELECT pipeline FROM eos.pipelines ORDER BY 1 LIMIT 20")]
+            raise UsageError(f"pipeline {args.pipeline!r} is not in the ledger of {redact(ledger.url)}"
+                             + (f"; it knows: {', '.join(known)}" if known else ""))
+        released = ledger.release(conn, args.pipeline) if ledger.records_claims(conn) else None
+    if released is None:
+        print(f"pipeline {args.pipeline!r} has no claim to release; its next plan claims it", file=out)
+    else:
+        print(f"released {released.describe()}; the next plan of pipeline {args.pipeline!r} claims it again",
+              file=out)
     return OK
 
 

@@ -59,7 +59,9 @@ def exactly_once_window(
 ) -> TaskGroup:
     """The five tasks of one exactly-once window, for the run's data interval.
 
-    :param pipeline: stable id; owns the cuts, windows and offsets in the ledger
+    :param pipeline: stable id; owns the cuts, windows and offsets in the ledger. The
+        first plan claims it for this DAG, its topics and target: a second DAG with the
+        same id, or another pipeline sending the same topics into the target, is refused
     :param source: KafkaSource(topics=[...], kafka_conn_id=...)
     :param target: PostgresTarget(table=..., postgres_conn_id=..., mode=..., on_committed=...)
     :param transform: ``"module:function"`` (DataFrame -> DataFrame) run in Spark
@@ -93,7 +95,7 @@ def exactly_once_window(
     with TaskGroup(group_id=group_id, tooltip=f"exactly-once window of {pipeline}") as group:
         plan = EosPlanWindowOperator(
             task_id="plan", pipeline=pipeline, topics=list(source.topics),
-            kafka_conn_id=source.kafka_conn_id, postgres_conn_id=target.postgres_conn_id,
+            kafka_conn_id=source.kafka_conn_id, target=target,
             idle_partition_grace=idle_partition_grace, max_timestamp_skew=max_timestamp_skew,
             on_skewed_timestamp=on_skewed_timestamp, timeout=plan_timeout.total_seconds(), **wait,
         )

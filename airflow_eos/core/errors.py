@@ -62,6 +62,13 @@ class WindowConflict(EosError):
     its frozen plan disagrees with the topics asked for now."""
 
 
+class OwnershipConflict(EosError):
+    """The pipeline belongs to another DAG, topics or target than this plan
+    names, or another pipeline already publishes the same records into the
+    target (see core/ownership.py). Terminal: planning again cannot help; the
+    message names both claimants and what to change."""
+
+
 # --------------------------------------------------------------------------- attempts and sinks
 
 

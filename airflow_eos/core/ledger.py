@@ -18,12 +18,21 @@ import psycopg
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import LedgerUnavailable, WindowConflict
 from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS
+from airflow_eos.core.ownership import Claim
 from airflow_eos.core.windows import Cut, PartitionRange, TopicPartition, Window, WindowPlan
 
 log = logging.getLogger(__name__)
 
 # pg_advisory_xact_lock key for migrations: any constant, shared by all versions.
 _MIGRATION_LOCK = 0x656F735F6D6967  # "eos_mig"
+# First key of the two-key advisory lock on a target's claims (the second is a
+# hash of the target); two-key locks never collide with the one-key one above.
+_CLAIM_LOCK = 0x656F7374  # "eost"
+
+
+def _claim(row: tuple) -> Claim:
+    pipeline, topics, dag_id, target, exclusive = row
+    return Claim(pipeline, tuple(topics), dag_id, target, exclusive)
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,53 @@ class Ledger:
         held for the freezing transaction costs nothing and removes every race."""
         conn.execute("INSERT INTO eos.pipelines (pipeline) VALUES (%s) ON CONFLICT DO NOTHING", (pipeline,))
         conn.execute("SELECT 1 FROM eos.pipelines WHERE pipeline = %s FOR UPDATE", (pipeline,))
+
+    # ------------------------------------------------------------------ ownership
+
+    _CLAIM_COLUMNS = "pipeline, topics, dag_id, target, target_exclusive"
+    CLAIMS_SINCE_VERSION = 5
+
+    def records_claims(self, conn: psycopg.Connection) -> bool:
+        """The ledger's schema has claims (for readers that do not migrate it)."""
+        return conn.execute("SELECT coalesce(max(version), 0) >= %s FROM eos.schema_version",
+                            (self.CLAIMS_SINCE_VERSION,)).fetchone()[0]
+
+    def load_claim(self, conn: psycopg.Connection, pipeline: str) -> Claim | None:
+        """The pipeline's recorded claim; None if it has none (never planned,
+        planned before claims were recorded, or released). One primary-key read."""
+        row = conn.execute(f"SELECT {self._CLAIM_COLUMNS} FROM eos.pipelines"
+                           " WHERE pipeline = %s AND topics IS NOT NULL", (pipeline,)).fetchone()
+        return None if row is None else _claim(row)
+
+    def claims_on_target(self, conn: psycopg.Connection, target: str) -> list[Claim]:
+        """Every pipeline claimed with this target (index pipelines_target)."""
+        rows = conn.execute(f"SELECT {self._CLAIM_COLUMNS} FROM eos.pipelines WHERE target = %s ORDER BY pipeline",
+                            (target,)).fetchall()
+        return [_claim(r) for r in rows]
+
+    def lock_target(self, conn: psycopg.Connection, target: str) -> None:
+        """Serialise claims of one target, so two pipelines claiming it at once
+        see each other. Take it before ``lock_pipeline``. A hash collision only
+        serialises two unrelated claims, which are rare and short."""
+        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_CLAIM_LOCK, target))
+
+    def save_claim(self, conn: psycopg.Connection, claim: Claim) -> None:
+        """Record the claim. Call under ``lock_pipeline`` (and ``lock_target``)."""
+        conn.execute(
+            "UPDATE eos.pipelines SET topics = %s, dag_id = %s, target = %s, target_exclusive = %s,"
+            " claimed_at = coalesce(claimed_at, now()) WHERE pipeline = %s",
+            (list(claim.topics), claim.dag_id, claim.target, claim.target_exclusive, claim.pipeline),
+        )
+
+    def release(self, conn: psycopg.Connection, pipeline: str) -> Claim | None:
+        """Forget the pipeline's claim (its windows, cuts and offsets stay); the
+        next plan claims it again. Returns the claim released, None if there was
+        none."""
+        conn.execute("SELECT 1 FROM eos.pipelines WHERE pipeline = %s FOR UPDATE", (pipeline,))
+        claim = self.load_claim(conn, pipeline)
+        conn.execute("UPDATE eos.pipelines SET topics = NULL, dag_id = NULL, target = NULL,"
+                     " target_exclusive = false, claimed_at = NULL WHERE pipeline = %s", (pipeline,))
+        return claim
 
     def overlapping_windows(self, conn: psycopg.Connection, window: Window) -> list[tuple[datetime, datetime]]:
         return conn.execute(

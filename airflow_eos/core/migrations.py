@@ -184,6 +184,30 @@ MIGRATIONS: list[tuple[int, str]] = [
         $$;
         """,
     ),
+    (
+        5,
+        """
+        -- Who a pipeline belongs to: the DAG that plans it, the topics it reads and
+        -- the target it publishes into (an opaque identity string the target
+        -- gives, e.g. 'postgresql:analytics.orders'). The first plan claims it;
+        -- every later plan must match (see core/ownership.py). topics IS NULL: not
+        -- claimed yet (a pipeline planned before this migration, or released),
+        -- so the next plan claims it. dag_id and target may stay NULL after the
+        -- claim when the plans so far named none; the first plan that names one
+        -- fills it in.
+        ALTER TABLE eos.pipelines
+            ADD COLUMN dag_id           text,
+            ADD COLUMN topics           text[],
+            ADD COLUMN target           text,
+            -- the target holds one pipeline only (partition_per_window)
+            ADD COLUMN target_exclusive boolean NOT NULL DEFAULT false,
+            ADD COLUMN claimed_at       timestamptz,
+            ADD CONSTRAINT pipelines_claim_has_topics
+                CHECK (topics IS NOT NULL OR (dag_id IS NULL AND target IS NULL AND claimed_at IS NULL));
+        -- a new claim looks for the other pipelines publishing into its target
+        CREATE INDEX pipelines_target ON eos.pipelines (target) WHERE target IS NOT NULL;
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

@@ -38,11 +38,13 @@ from airflow_eos.core.errors import (
     LogTruncated,
     OffsetsExpired,
     SkewedTimestamp,
+    OwnershipConflict,
     WindowConflict,
     WindowNotClosed,
 )
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import CutContext, Ledger
+from airflow_eos.core.ownership import Claim, own_claim_conflict, shared_target_conflict
 from airflow_eos.core.source import Bounds, PartitionLog, Record, normalise_topics
 from airflow_eos.core.windows import (
     CUT_BY_IDLE,
@@ -365,20 +367,39 @@ def check_skew_rule(max_timestamp_skew, on_skewed_timestamp, owner: str = "") ->
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """What to plan: a window of a pipeline over its topics, and the rules for
-    silent partitions and skewed timestamps (see the module's docstring)."""
+    """What to plan: a window of a pipeline over its topics, the rules for
+    silent partitions and skewed timestamps (see the module's docstring), and
+    who asks: ``dag_id`` (None: not planned from a DAG) and ``target_id`` (the
+    target's identity, None: not named) with ``target_exclusive`` (the target
+    holds one pipeline only) make the claim the plan checks, or records, in the
+    ledger (see core/ownership.py)."""
 
     window: Window
     topics: tuple[str, ...]
     idle_partition_grace: timedelta = timedelta(minutes=5)
     max_timestamp_skew: timedelta = DEFAULT_MAX_TIMESTAMP_SKEW
     on_skewed_timestamp: str = ON_SKEWED_FAIL
+    dag_id: str | None = None
+    target_id: str | None = None
+    target_exclusive: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topics", normalise_topics(self.topics, self.window.pipeline))
         if self.idle_partition_grace < timedelta(0):
             raise ConfigurationError("idle_partition_grace must not be negative")
         check_skew_rule(self.max_timestamp_skew, self.on_skewed_timestamp, f"pipeline {self.window.pipeline!r}")
+        for name in ("dag_id", "target_id"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigurationError(f"{name} of pipeline {self.window.pipeline!r} must be a non-empty "
+                                         f"string or None, not {value!r}")
+        if self.target_exclusive and self.target_id is None:
+            raise ConfigurationError(f"pipeline {self.window.pipeline!r}: target_exclusive needs the target_id "
+                                     "of the target it makes exclusive")
+
+    @property
+    def claim(self) -> Claim:
+        return Claim(self.window.pipeline, self.topics, self.dag_id, self.target_id, self.target_exclusive)
 
 
 def check_readable(plan: WindowPlan, bounds: dict[TopicPartition, Bounds]) -> None:
@@ -414,17 +435,33 @@ def plan_window(
     Raises WindowNotClosed (catchable, a reason to wait) when a partition has not
     passed the window's end. Safe under any number of concurrent planners of the
     same or neighbouring windows: they end with the same frozen cuts.
+
+    Every plan first checks the pipeline's claim (core/ownership.py) and claims
+    it if nobody has: a plan from another DAG, for other topics or into another
+    target, or one whose target another pipeline already receives the same
+    topics in, raises OwnershipConflict before anything of it is frozen.
     """
     window = request.window
+    asked = request.claim
     with ledger.connect() as conn:
         with conn.transaction():
+            # Every plan, also of a frozen window, checks who owns the pipeline:
+            # a second DAG clearing a window the first one planned is refused too.
+            claimed = ledger.load_claim(conn, window.pipeline)
+            if claimed is not None:
+                _refuse_conflict(own_claim_conflict(claimed, asked))
             frozen = ledger.load_plan(conn, window)
+        claimed_already = claimed is not None and claimed.covers(asked)
         if frozen is not None:
             _check_topics(frozen, request)
+            if not claimed_already:
+                claim_pipeline(ledger, conn, asked)
             check_readable(frozen, {tp: log_.bounds(tp) for tp in {r.tp for r in frozen.ranges}})
             return frozen
 
-        tps = log_.partitions(list(request.topics))
+        tps = log_.partitions(list(request.topics))  # claim only topics that exist
+        if not claimed_already:
+            claim_pipeline(ledger, conn, asked)
         for _round in range(MAX_FREEZE_ROUNDS):
             started = time.monotonic()
             with conn.transaction():
@@ -465,6 +502,32 @@ def plan_window(
             return plan
         raise WindowConflict(f"window {window}: could not freeze a plan in {MAX_FREEZE_ROUNDS} rounds "
                              "of concurrent planning; try again")
+
+
+def claim_pipeline(ledger: Ledger, conn, asked: Claim) -> None:
+    """Record ``asked`` as the pipeline's claim, or fill in what its claim did
+    not name yet; raise OwnershipConflict (nothing written) when the pipeline
+    belongs to another DAG, topics or target, or another pipeline publishes the
+    same records into the target. Claims of one target are serialised, so two
+    pipelines claiming it at once see each other."""
+    with conn.transaction():
+        if asked.target is not None:
+            ledger.lock_target(conn, asked.target)
+        ledger.lock_pipeline(conn, asked.pipeline)
+        claimed = ledger.load_claim(conn, asked.pipeline)
+        if claimed is not None:  # claimed meanwhile, or a claim to fill in
+            _refuse_conflict(own_claim_conflict(claimed, asked))
+        claim = asked if claimed is None else claimed.filled_from(asked)
+        if asked.target is not None:
+            for other in ledger.claims_on_target(conn, asked.target):
+                _refuse_conflict(shared_target_conflict(other, claim))
+        ledger.save_claim(conn, claim)
+    log.info("%s %s", "claimed" if claimed is None else "claim filled in:", claim.describe())
+
+
+def _refuse_conflict(reason: str | None) -> None:
+    if reason is not None:
+        raise OwnershipConflict(reason)
 
 
 def _resolve_all(log_, window, tps, contexts, bounds, request, now):

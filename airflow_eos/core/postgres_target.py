@@ -53,6 +53,7 @@ import hashlib
 import itertools
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -131,6 +132,14 @@ def parse_table_name(name: str) -> tuple[str | None, str]:
     if len(parts) > 2:
         raise ConfigurationError(f"table name {name!r} has {len(parts)} parts; give table or schema.table")
     return (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+
+
+def _quoted_if_needed(part: str) -> str:
+    """A name part as PostgreSQL prints identifiers: bare when it reads back as
+    itself unquoted, else double-quoted with quotes doubled."""
+    if re.fullmatch(r"[a-z_][a-z0-9_$]*", part):
+        return part
+    return '"' + part.replace('"', '""') + '"'
 
 
 def _staging_ids(staging: str) -> tuple[sql.Identifier, sql.Identifier]:
@@ -222,6 +231,24 @@ class PostgresTarget(Sink):
         if not self.url:
             raise ConfigurationError(f"{self!r} has no database URL: resolve postgres_conn_id with with_url()")
         return self.url
+
+    @property
+    def target_id(self) -> str:
+        """The table's identity for the pipeline's claim in the ledger:
+        ``postgresql:schema.table``, normalised so that ``analytics.orders`` and
+        ``"analytics".ORDERS`` are one target. A part is double-quoted only where
+        PostgreSQL would need it (``postgresql:"My Schema".orders``). A name
+        without a schema is taken to be in ``public``, where PostgreSQL's default
+        search_path puts it. The database needs no naming: the ledger lives in it."""
+        schema, table = parse_table_name(self.table)
+        return "postgresql:" + ".".join(_quoted_if_needed(part) for part in (schema or "public", table))
+
+    @property
+    def exclusive(self) -> bool:
+        """The table takes the windows of one pipeline only: in
+        partition_per_window each window is one of its partitions, and another
+        pipeline's windows would overlap them."""
+        return self.mode == PARTITION_PER_WINDOW
 
     @property
     def ledger(self) -> Ledger:  # type: ignore[override]

@@ -17,9 +17,9 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator, BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_eos.core.attempt import Attempt
-from airflow_eos.core.errors import WindowNotClosed
+from airflow_eos.core.errors import OwnershipConflict, SkewedTimestamp, WindowNotClosed
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import (
@@ -40,6 +40,8 @@ from airflow_eos.triggers.eos import WindowClosedTrigger
 log = logging.getLogger(__name__)
 
 DATA_INTERVAL_START = "{{ data_interval_start }}"
+# Plan errors that a retry cannot change: the task fails at once, keeping its retries.
+_TERMINAL_PLAN_ERRORS = (OwnershipConflict, SkewedTimestamp)
 DATA_INTERVAL_END = "{{ data_interval_end }}"
 
 
@@ -62,11 +64,19 @@ def plan_or_none(
     # Defaults: triggers serialised by a version without these arguments still run.
     max_timestamp_skew_seconds: float = DEFAULT_MAX_TIMESTAMP_SKEW.total_seconds(),
     on_skewed_timestamp: str = ON_SKEWED_FAIL,
+    dag_id: str | None = None,
+    target_id: str | None = None,
+    target_exclusive: bool = False,
 ) -> WindowPlan | None:
-    """The window's frozen plan, or None while the window is not closed."""
+    """The window's frozen plan, or None while the window is not closed.
+
+    ``dag_id``, ``target_id`` and ``target_exclusive`` are the plan's claim on
+    the pipeline (see core/ownership.py); None where the caller does not know
+    (a trigger serialised by an older version names neither)."""
     request = PlanRequest(Window(pipeline, window_start, window_end), tuple(topics),
                           timedelta(seconds=idle_partition_grace_seconds),
-                          timedelta(seconds=max_timestamp_skew_seconds), on_skewed_timestamp)
+                          timedelta(seconds=max_timestamp_skew_seconds), on_skewed_timestamp,
+                          dag_id=dag_id, target_id=target_id, target_exclusive=target_exclusive)
     with KafkaLog(EosKafkaHook(kafka_config_id=kafka_conn_id).kafka_config) as kafka_log:
         try:
             return plan_window(ledger_for(postgres_conn_id), kafka_log, request)
@@ -95,6 +105,12 @@ class EosPlanWindowOperator(BaseSensorOperator):
         skewed record, nothing is frozen; ``"position"``: the record does not
         close the window, it is published in the window of its offset (logged
         as a warning, the cut's ``how`` is ``skewed``)
+    :param target: the window's PostgresTarget. The plan claims the pipeline for
+        this DAG, its topics and this target in the ledger (the first plan claims;
+        a plan from another DAG, for other topics or into another target fails
+        without retries, naming both). Without it the claim names no target
+        until a plan that has one. The ledger is in the target's database:
+        ``postgres_conn_id`` defaults to the target's.
     """
 
     template_fields: Sequence[str] = ("pipeline", "topics", "window_start", "window_end")
@@ -106,7 +122,7 @@ class EosPlanWindowOperator(BaseSensorOperator):
         pipeline: str,
         topics: Sequence[str],
         kafka_conn_id: str = "kafka_default",
-        postgres_conn_id: str = "postgres_default",
+        postgres_conn_id: str | None = None,
         window_start: str = DATA_INTERVAL_START,
         window_end: str = DATA_INTERVAL_END,
         idle_partition_grace: timedelta = timedelta(minutes=5),
@@ -114,6 +130,7 @@ class EosPlanWindowOperator(BaseSensorOperator):
         on_skewed_timestamp: str = ON_SKEWED_FAIL,
         deferrable: bool = False,
         poke_interval: float = 60,
+        target: PostgresTarget | None = None,
         **kwargs: Any,
     ) -> None:
         # Before the base class adds the task to the DAG: a refused task leaves no trace there.
@@ -123,10 +140,17 @@ class EosPlanWindowOperator(BaseSensorOperator):
             raise ValueError(f"topics must be a list of topic names, not the string {topics!r}")
         if not topics:
             raise ValueError("topics must not be empty")
+        if target is not None and not isinstance(target, PostgresTarget):
+            raise TypeError(f"target must be a PostgresTarget, not {type(target).__name__}")
+        if target is not None and postgres_conn_id not in (None, target.postgres_conn_id):
+            raise ValueError(f"postgres_conn_id {postgres_conn_id!r} is not the connection of the target "
+                             f"{target.table} ({target.postgres_conn_id!r}): the ledger lives in the target's "
+                             "database; leave postgres_conn_id out")
         self.pipeline = pipeline
         self.topics = list(topics)
         self.kafka_conn_id = kafka_conn_id
-        self.postgres_conn_id = postgres_conn_id
+        self.target = target
+        self.postgres_conn_id = postgres_conn_id or (target.postgres_conn_id if target else "postgres_default")
         self.window_start = window_start
         self.window_end = window_end
         self.idle_partition_grace = idle_partition_grace
@@ -146,10 +170,20 @@ class EosPlanWindowOperator(BaseSensorOperator):
             "postgres_conn_id": self.postgres_conn_id,
             "max_timestamp_skew_seconds": self.max_timestamp_skew.total_seconds(),
             "on_skewed_timestamp": self.on_skewed_timestamp,
+            # the plan's claim on the pipeline (plain values: the trigger serialises them)
+            "dag_id": self.dag_id if self.has_dag() else None,
+            "target_id": self.target.target_id if self.target else None,
+            "target_exclusive": self.target.exclusive if self.target else False,
         }
 
+    def _plan_or_none(self) -> WindowPlan | None:
+        try:
+            return plan_or_none(**self._plan_kwargs)
+        except _TERMINAL_PLAN_ERRORS as exc:  # the same plan fails the same way on every retry
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
     def poke(self, context) -> PokeReturnValue:
-        plan = plan_or_none(**self._plan_kwargs)
+        plan = self._plan_or_none()
         if plan is None:
             return PokeReturnValue(is_done=False)
         self._log_plan(plan)
@@ -158,7 +192,7 @@ class EosPlanWindowOperator(BaseSensorOperator):
     def execute(self, context) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        plan = plan_or_none(**self._plan_kwargs)
+        plan = self._plan_or_none()
         if plan is not None:
             self._log_plan(plan)
             return plan.to_dict()
@@ -170,7 +204,9 @@ class EosPlanWindowOperator(BaseSensorOperator):
 
     def execute_complete(self, context, event: dict[str, Any]) -> dict:
         if event.get("status") != "done":
-            raise AirflowException(f"planning failed: {event.get('error')}: {event.get('message')}")
+            terminal = event.get("error") in {e.__name__ for e in _TERMINAL_PLAN_ERRORS}
+            failure = AirflowFailException if terminal else AirflowException
+            raise failure(f"planning failed: {event.get('error')}: {event.get('message')}")
         plan = WindowPlan.from_dict(event["plan"])
         self._log_plan(plan)
         return plan.to_dict()

@@ -37,3 +37,16 @@ def run_window(dag, logical_date: datetime, run_after: datetime):
 
 def states(dag_run) -> dict[str, str]:
     return {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
+
+
+def register_dag(dag) -> None:
+    """Store an inline DAG in Airflow's database, as dag.test needs; DAGs of the
+    dags folder are stored by dag.test itself. (tests/chaos/test_airflow_faults.py
+    has the same few lines: the two directories cannot import each other.)"""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(dag_folder="/nonexistent", collect_dags=False)
+    bag.bag_dag(dag)
+    sync_bag_to_db(bag, "dags-folder", None)

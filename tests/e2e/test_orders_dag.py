@@ -20,7 +20,7 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.verify import verify
 from airflow_eos.core.windows import to_millis
 
-from conftest import run_window, states  # tests/e2e/conftest.py
+from conftest import register_dag, run_window, states  # tests/e2e/conftest.py
 
 pytestmark = pytest.mark.slow
 
@@ -256,3 +256,46 @@ def test_a_zombie_stage_attempt_is_never_published(airflow_connections, kafka_co
     report = audit(pg_url, kafka_config)
     assert report.totals.published_rows == counts["good"][0]
     assert report.totals.dead_letters == counts["bad"][0]
+
+
+def test_a_second_dag_sharing_the_pipeline_id_is_refused_at_its_first_plan_naming_both(
+        airflow_connections, kafka_config, topics, run_after, capfd):
+    """orders_hourly copied into a DAG for another topic without changing the
+    pipeline id: its plan fails at once (no retry), naming both DAGs, for the
+    window orders_hourly already committed (a Clear there) as for a new one;
+    nothing of it is frozen, staged or published, and orders_hourly stays clean."""
+    from airflow.sdk import DAG
+    from airflow.timetables.interval import CronDataIntervalTimetable
+
+    from airflow_eos import KafkaSource, exactly_once_window
+
+    pg_url = airflow_connections
+    fresh_topic(topics, "orders")
+    fresh_topic(topics, "orders_eu")
+    produce_orders(topics, hours=2)
+    assert run_window(load_dag("orders_hourly"), window_date(0), run_after(0)).state == "success"
+    published = sql(pg_url, "SELECT * FROM analytics.orders ORDER BY eos_partition, eos_offset")
+
+    with DAG("orders_hourly_eu", schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"), start_date=T0,
+             catchup=False, default_args={"retries": 2, "retry_delay": timedelta(seconds=0)}) as copy:
+        exactly_once_window(pipeline="orders_hourly", source=KafkaSource(topics=["orders_eu"]),
+                            transform="airflow_eos.examples.transforms:orders",
+                            target=PostgresTarget(table="analytics.orders"))
+    register_dag(copy)
+    for h in (0, 1):
+        capfd.readouterr()
+        run = run_window(copy, window_date(h), run_after(10 + h))
+        task_log = "".join(capfd.readouterr())  # dag.test prints the task's failure
+        assert run.state == "failed", states(run)
+        plan_ti = next(ti for ti in run.get_task_instances() if ti.task_id == "window.plan")
+        assert (str(plan_ti.state), plan_ti.try_number) == ("failed", 1)  # terminal: not retried
+        assert states(run)["window.stage"] == "upstream_failed" and states(run)["window.abort"] != "success"
+        assert ("two DAGs share pipeline id 'orders_hourly': DAG 'orders_hourly' (topics orders) claimed it "
+                "first, and DAG 'orders_hourly_eu' (topics orders_eu) plans it now") in task_log
+
+    assert sql(pg_url, "SELECT pipeline, dag_id, topics, target FROM eos.pipelines") == [
+        ("orders_hourly", "orders_hourly", ["orders"], "postgresql:analytics.orders")]
+    assert sql(pg_url, "SELECT window_start FROM eos.windows") == [(T0,)]  # window 1 not frozen by the copy
+    assert sql(pg_url, "SELECT epoch, state FROM eos.attempts") == [(1, "committed")]
+    assert sql(pg_url, "SELECT * FROM analytics.orders ORDER BY eos_partition, eos_offset") == published
+    audit(pg_url, kafka_config)

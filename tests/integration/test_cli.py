@@ -179,6 +179,42 @@ def test_bad_durations_are_usage_errors(text, capsys):
     assert "--older-than" in capsys.readouterr().err
 
 
+# --------------------------------------------------------------------------- release
+
+
+def test_release_forgets_a_pipelines_claim_so_that_its_next_plan_claims_it_again(pg_url, kafka_config, committed):
+    """The DAG of a pipeline renamed on purpose: refused until the claim is released."""
+    from airflow_eos.core.errors import OwnershipConflict
+    from airflow_eos.core.ledger import Ledger
+    from airflow_eos.core.plan import PlanRequest, plan_window
+
+    def plan(dag_id):
+        with KafkaLog(kafka_config) as log_:
+            return plan_window(Ledger(pg_url), log_, PlanRequest(committed.plans[0].window, (committed.topic,),
+                                                                 dag_id=dag_id))
+
+    plan("orders_v1")  # fills in the DAG of the claim the windows' plans made
+    code, out, _ = run("status", "--pipeline", PIPELINE, "--postgres-url", pg_url)
+    assert code == 0 and out.splitlines()[1] == f"claimed by DAG 'orders_v1'; topics {committed.topic}"
+    with pytest.raises(OwnershipConflict, match="DAG 'orders_v1'.* claimed it first, and DAG 'orders_v2'"):
+        plan("orders_v2")
+
+    code, out, err = run("release", "--pipeline", PIPELINE, "--postgres-url", pg_url)
+    assert (code, err) == (0, "")
+    assert out == (f"released pipeline '{PIPELINE}' (DAG 'orders_v1'; topics {committed.topic}); "
+                   f"the next plan of pipeline '{PIPELINE}' claims it again\n")
+    assert run("status", "--pipeline", PIPELINE, "--postgres-url", pg_url)[1].splitlines()[1] == \
+        "not claimed yet: its next plan claims it"
+    assert run("release", "--pipeline", PIPELINE, "--postgres-url", pg_url)[1] == \
+        f"pipeline '{PIPELINE}' has no claim to release; its next plan claims it\n"
+    assert plan("orders_v2") == committed.plans[0]  # the frozen window, now planned by the renamed DAG
+
+    code, out, err = run("release", "--pipeline", "nope", "--postgres-url", pg_url)
+    assert (code, out) == (2, "")
+    assert err.startswith("airflow-eos release: error: pipeline 'nope' is not in the ledger of ") and \
+        err.rstrip().endswith(f"; it knows: {PIPELINE}")
+
+
 # --------------------------------------------------------------------------- the installed script
 
 

@@ -1,11 +1,13 @@
 """The ledger's schema is created and upgraded by the code, safely in parallel."""
 
 import threading
+from datetime import datetime, timedelta, timezone
 
 import psycopg
+import pytest
 
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.migrations import LATEST_VERSION
+from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS
 
 
 def test_migrations_are_idempotent_and_safe_under_concurrent_callers(pg_url):
@@ -35,3 +37,48 @@ def test_migrations_are_idempotent_and_safe_under_concurrent_callers(pg_url):
     assert versions == list(range(1, LATEST_VERSION + 1))
     assert {"pipelines", "cuts", "windows", "window_ranges", "attempts", "checkpoint_ranges",
             "partition_offsets"} <= tables
+
+
+def test_a_pipeline_planned_before_claims_were_recorded_is_adopted_by_its_next_plan(
+        pg_url, kafka_config, topics, monkeypatch):
+    """Migration 5 on a ledger whose pipeline was planned by an airflow-eos
+    without claims: its row has no claim, and its next plan (here of the window
+    already frozen) claims it instead of being refused; after that the claim
+    holds as for any pipeline."""
+    import airflow_eos.core.ledger as ledger_module
+    from airflow_eos.core.errors import OwnershipConflict
+    from airflow_eos.core.plan import PlanRequest, plan_window
+    from airflow_eos.core.source import KafkaLog
+    from airflow_eos.core.windows import PartitionRange, Window, WindowPlan, to_millis
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    hour = timedelta(hours=1)
+    topic = topics.create()
+    topics.produce(topic, [(0, to_millis(t0) + i * 60_000, b"x") for i in range(150)])
+    ledger = Ledger(pg_url)
+    with monkeypatch.context() as old:  # the ledger as airflow-eos before migration 5 left it
+        old.setattr(ledger_module, "MIGRATIONS", MIGRATIONS[:4])
+        old.setattr(ledger_module, "LATEST_VERSION", 4)
+        assert ledger.migrate() == 4
+        frozen = WindowPlan(Window("legacy", t0, t0 + hour), (PartitionRange(topic, 0, 0, 60),))
+        with ledger.connect() as conn, conn.transaction():
+            ledger.lock_pipeline(conn, "legacy")
+            ledger.freeze(conn, frozen, [])
+    assert ledger.migrate() == LATEST_VERSION == 5
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT pipeline, dag_id, topics, target FROM eos.pipelines").fetchall() == [
+            ("legacy", None, None, None)]
+
+    def plan(start, dag_id):
+        request = PlanRequest(Window("legacy", start, start + hour), (topic,), timedelta(0), dag_id=dag_id,
+                              target_id="postgresql:analytics.orders")
+        with KafkaLog(kafka_config) as log_:
+            return plan_window(ledger, log_, request, now=lambda: t0 + timedelta(days=1))
+
+    assert plan(t0, "orders_hourly") == frozen  # adopted, not refused
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT dag_id, topics, target, claimed_at IS NOT NULL FROM eos.pipelines").fetchall() \
+            == [("orders_hourly", [topic], "postgresql:analytics.orders", True)]
+    with pytest.raises(OwnershipConflict, match="two DAGs share pipeline id 'legacy'"):
+        plan(t0 + hour, "orders_copy")
+    assert [(r.start_offset, r.end_offset) for r in plan(t0 + hour, "orders_hourly").ranges] == [(60, 120)]

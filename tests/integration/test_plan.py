@@ -18,6 +18,7 @@ from airflow_eos.core.errors import (
     LogTruncated,
     OffsetsExpired,
     SkewedTimestamp,
+    OwnershipConflict,
     SourceUnavailable,
     UnknownTopic,
     WindowConflict,
@@ -25,6 +26,7 @@ from airflow_eos.core.errors import (
 )
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest, plan_window
+from airflow_eos.core.postgres_target import PostgresTarget
 from airflow_eos.core.source import PROBE_FETCH_BYTES, KafkaLog
 from airflow_eos.core.windows import Window, to_millis
 from airflow_eos.testing.services import free_port
@@ -40,10 +42,11 @@ def ms(t: datetime) -> int:
     return to_millis(t)
 
 
-def plan(ledger, kafka_config, pipeline, start, end, topics, *, grace=timedelta(minutes=5), now=LATER, **rules):
-    """``rules``: more PlanRequest fields (max_timestamp_skew, on_skewed_timestamp)."""
+def plan(ledger, kafka_config, pipeline, start, end, topics, *, grace=timedelta(minutes=5), now=LATER, **fields):
+    """``fields``: more PlanRequest fields (max_timestamp_skew, on_skewed_timestamp; the claim's dag_id,
+    target_id, target_exclusive)."""
     with KafkaLog(kafka_config) as log:
-        return plan_window(ledger, log, PlanRequest(Window(pipeline, start, end), tuple(topics), grace, **rules),
+        return plan_window(ledger, log, PlanRequest(Window(pipeline, start, end), tuple(topics), grace, **fields),
                            now=now)
 
 
@@ -394,5 +397,171 @@ def test_changed_boundaries_or_topics_conflict_with_frozen_windows(ledger, kafka
         plan(ledger, kafka_config, "sched", T0, T0 + 2 * HOUR, [a])
     with pytest.raises(WindowConflict, match="overlaps"):
         plan(ledger, kafka_config, "sched", T0 + 30 * MINUTE, T0 + 90 * MINUTE, [a])
-    with pytest.raises(WindowConflict, match="planned for topics"):
+    # other topics under the pipeline id: refused by its claim (a frozen window
+    # still refuses them after a release: test_release_lets_the_next_plan_...)
+    with pytest.raises(OwnershipConflict, match="asks for other topics than its claim"):
         plan(ledger, kafka_config, "sched", T0, T0 + HOUR, [a, b])
+
+
+# --------------------------------------------------------------------------- ownership
+
+
+def claims(ledger):
+    """pipeline -> (dag_id, topics, target, target_exclusive) as recorded."""
+    with psycopg.connect(ledger.url) as conn:
+        return {p: rest for p, *rest in conn.execute(
+            "SELECT pipeline, dag_id, topics, target, target_exclusive FROM eos.pipelines WHERE topics IS NOT NULL")}
+
+
+def windows_of(ledger, pipeline):
+    with psycopg.connect(ledger.url) as conn:
+        return conn.execute("SELECT window_start FROM eos.windows WHERE pipeline = %s ORDER BY 1",
+                            (pipeline,)).fetchall()
+
+
+def hourly_topic(topics, hours=3):
+    topic = topics.create()
+    topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(hours * 60 + 1)])
+    return topic
+
+
+def test_two_dags_sharing_a_pipeline_id_the_second_is_refused_naming_both(ledger, kafka_config, topics):
+    """A pipeline id copied into a second DAG (here with other topics): its first
+    plan is refused, naming both DAGs, before anything of it is frozen; also when
+    it plans a window the first DAG already froze (a Clear in the second DAG)."""
+    a, b = hourly_topic(topics), hourly_topic(topics)
+    first = plan(ledger, kafka_config, "orders", T0, T0 + HOUR, [a], dag_id="orders_a")
+    assert claims(ledger) == {"orders": ["orders_a", [a], None, False]}
+
+    for start, their_topics in ((T0 + HOUR, [b]), (T0, [b]), (T0 + HOUR, [a])):
+        with pytest.raises(OwnershipConflict) as refused:
+            plan(ledger, kafka_config, "orders", start, start + HOUR, their_topics, dag_id="orders_b")
+        message = str(refused.value)
+        assert message.startswith("two DAGs share pipeline id 'orders': DAG 'orders_a' (topics " + a), message
+        assert f"DAG 'orders_b' (topics {their_topics[0]})" in message
+        assert "Give each DAG its own pipeline id" in message and "airflow-eos release --pipeline orders" in message
+    assert windows_of(ledger, "orders") == [(T0,)]  # nothing frozen for orders_b
+    assert claims(ledger) == {"orders": ["orders_a", [a], None, False]}
+    # the owner goes on, and so does the core API (no DAG named: it claims none)
+    assert plan(ledger, kafka_config, "orders", T0, T0 + HOUR, [a], dag_id="orders_a") == first
+    assert plan(ledger, kafka_config, "orders", T0, T0 + HOUR, [a]) == first
+    plan(ledger, kafka_config, "orders", T0 + HOUR, T0 + 2 * HOUR, [a], dag_id="orders_a")
+
+
+def test_a_pipelines_topics_and_target_are_fixed_by_its_first_plan(ledger, kafka_config, topics):
+    a, b = hourly_topic(topics), hourly_topic(topics)
+    orders = PostgresTarget(table="analytics.orders")
+    plan(ledger, kafka_config, "p", T0, T0 + HOUR, [a], dag_id="d", target_id=orders.target_id)
+    both = ", ".join(sorted([a, b]))
+    with pytest.raises(OwnershipConflict, match=rf"pipeline 'p' \(DAG 'd'; topics {both}; .*asks for other "
+                                                rf"topics than its claim: pipeline 'p' \(DAG 'd'; topics {a};"):
+        plan(ledger, kafka_config, "p", T0 + HOUR, T0 + 2 * HOUR, [a, b], dag_id="d", target_id=orders.target_id)
+    with pytest.raises(OwnershipConflict, match="publishes into another target than its claim: .*target "
+                                                "postgresql:analytics.orders"):
+        plan(ledger, kafka_config, "p", T0 + HOUR, T0 + 2 * HOUR, [a], dag_id="d",
+             target_id=PostgresTarget(table="analytics.orders_v2").target_id)
+    assert windows_of(ledger, "p") == [(T0,)]
+    # the same table, spelt otherwise, is the same target
+    plan(ledger, kafka_config, "p", T0 + HOUR, T0 + 2 * HOUR, [a], dag_id="d",
+         target_id=PostgresTarget(table='"analytics".ORDERS').target_id)
+
+
+def test_a_second_pipeline_sending_the_same_topic_into_a_target_is_refused_naming_both(
+        ledger, kafka_config, topics):
+    """Without a lineage index the target would take every record twice, and
+    each pipeline's verify, seeing only its own rows, would say CLEAN."""
+    a, b = hourly_topic(topics), hourly_topic(topics)
+    orders = PostgresTarget(table="analytics.orders")
+    plan(ledger, kafka_config, "orders_v1", T0, T0 + HOUR, [a], dag_id="v1", target_id=orders.target_id)
+    with pytest.raises(OwnershipConflict) as refused:
+        plan(ledger, kafka_config, "orders_v2", T0, T0 + HOUR, [a, b], dag_id="v2",
+             target_id=PostgresTarget(table="Analytics.Orders").target_id)
+    assert str(refused.value).startswith(
+        f"pipelines 'orders_v1' and 'orders_v2' would both publish topic(s) {a} into postgresql:analytics.orders: "
+        f"every record of them would be published twice. pipeline 'orders_v1' (DAG 'v1'; topics {a}; target "
+        f"postgresql:analytics.orders) claimed it first; refused: pipeline 'orders_v2' (DAG 'v2'; topics "), refused
+    assert windows_of(ledger, "orders_v2") == [] and "orders_v2" not in claims(ledger)
+
+    # disjoint topics into one replace_window table: allowed (rows carry eos_pipeline);
+    # the same topic into another table: allowed
+    plan(ledger, kafka_config, "orders_b", T0, T0 + HOUR, [b], dag_id="b", target_id=orders.target_id)
+    plan(ledger, kafka_config, "orders_copy", T0, T0 + HOUR, [a], dag_id="copy",
+         target_id=PostgresTarget(table="analytics.orders_copy").target_id)
+    assert sorted(claims(ledger)) == ["orders_b", "orders_copy", "orders_v1"]
+
+
+def test_a_partition_per_window_table_takes_one_pipeline_refused_at_the_first_plan(ledger, kafka_config, topics):
+    a, b = hourly_topic(topics), hourly_topic(topics)
+    partitioned = PostgresTarget(table="analytics.orders_partitioned", mode="partition_per_window")
+    assert partitioned.exclusive and not PostgresTarget(table="analytics.orders_partitioned").exclusive
+    plan(ledger, kafka_config, "first", T0, T0 + HOUR, [a], dag_id="first",
+         target_id=partitioned.target_id, target_exclusive=True)
+    for exclusive in (True, False):  # another pipeline, disjoint topics, either mode
+        with pytest.raises(OwnershipConflict, match=r"target postgresql:analytics.orders_partitioned takes the "
+                                                    r"windows of one pipeline only .* pipeline 'first' \(DAG "
+                                                    r"'first'.* claimed it first; refused: pipeline 'second'"):
+            plan(ledger, kafka_config, "second", T0 + HOUR, T0 + 2 * HOUR, [b], dag_id="second",
+                 target_id=partitioned.target_id, target_exclusive=exclusive)
+    assert windows_of(ledger, "second") == [] and "second" not in claims(ledger)
+
+    # and the other way round: a table shared by two pipelines cannot become one pipeline's
+    shared = PostgresTarget(table="analytics.shared")
+    plan(ledger, kafka_config, "s1", T0, T0 + HOUR, [a], target_id=shared.target_id)
+    plan(ledger, kafka_config, "s2", T0, T0 + HOUR, [b], target_id=shared.target_id)
+    with pytest.raises(OwnershipConflict, match="takes the windows of one pipeline only"):
+        plan(ledger, kafka_config, "s1", T0 + HOUR, T0 + 2 * HOUR, [a], target_id=shared.target_id,
+             target_exclusive=True)
+
+
+def test_a_plan_without_dag_or_target_claims_what_it_names_and_a_later_plan_fills_in_the_rest(
+        ledger, kafka_config, topics):
+    a = hourly_topic(topics)
+    target = PostgresTarget(table="t").target_id
+    plan(ledger, kafka_config, "p", T0, T0 + HOUR, [a])
+    assert claims(ledger) == {"p": [None, [a], None, False]}
+    plan(ledger, kafka_config, "p", T0, T0 + HOUR, [a], dag_id="d")  # a frozen window: fills in the DAG
+    plan(ledger, kafka_config, "p", T0 + HOUR, T0 + 2 * HOUR, [a], target_id=target)
+    assert claims(ledger) == {"p": ["d", [a], "postgresql:public.t", False]}
+    with pytest.raises(OwnershipConflict, match="two DAGs share pipeline id 'p'"):
+        plan(ledger, kafka_config, "p", T0, T0 + HOUR, [a], dag_id="e")
+
+
+def test_concurrent_claimants_of_one_target_or_one_pipeline_id_exactly_one_wins(ledger, kafka_config, topics):
+    a = hourly_topic(topics)
+    barrier = threading.Barrier(6)
+
+    def claim(pipeline, dag_id, table):
+        barrier.wait()
+        try:
+            return plan(ledger, kafka_config, pipeline, T0, T0 + HOUR, [a], dag_id=dag_id,
+                        target_id=PostgresTarget(table=table).target_id)
+        except OwnershipConflict as exc:
+            return exc
+
+    for claimants in ([(f"p{i}", f"d{i}", "orders") for i in range(6)],  # six pipelines, one target
+                      [("shared", f"dag{i}", "orders_2") for i in range(6)]):  # six DAGs, one pipeline id
+        with ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(lambda c: claim(*c), claimants))
+        refused = [r for r in results if isinstance(r, OwnershipConflict)]
+        assert len(refused) == 5, results
+    assert len(claims(ledger)) == 2
+
+
+def test_release_lets_the_next_plan_claim_the_pipeline_again(ledger, kafka_config, topics):
+    """A deliberate move: DAG renamed, and the pipeline given other topics."""
+    a, b = hourly_topic(topics), hourly_topic(topics)
+    plan(ledger, kafka_config, "p", T0, T0 + HOUR, [a], dag_id="old_name")
+    with pytest.raises(OwnershipConflict):
+        plan(ledger, kafka_config, "p", T0 + HOUR, T0 + 2 * HOUR, [a, b], dag_id="new_name")
+    with ledger.connect() as conn, conn.transaction():
+        released = ledger.release(conn, "p")
+        assert ledger.release(conn, "p") is None  # nothing left to release
+    assert (released.dag_id, released.topics) == ("old_name", (a,))
+    assert claims(ledger) == {}
+    plan(ledger, kafka_config, "p", T0 + HOUR, T0 + 2 * HOUR, [a, b], dag_id="new_name")
+    assert claims(ledger) == {"p": ["new_name", sorted([a, b]), None, False]}
+    with pytest.raises(OwnershipConflict, match="DAG 'new_name'.* claimed it first, and DAG 'old_name'"):
+        plan(ledger, kafka_config, "p", T0 + 2 * HOUR, T0 + 3 * HOUR, [a], dag_id="old_name")
+    # windows planned before the move keep their topics
+    with pytest.raises(WindowConflict, match="planned for topics"):
+        plan(ledger, kafka_config, "p", T0, T0 + HOUR, [a, b], dag_id="new_name")

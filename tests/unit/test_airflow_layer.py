@@ -99,10 +99,52 @@ def test_operators_validate_their_arguments():
         PostgresTarget(table="")
 
 
+def test_the_plan_claims_the_pipeline_for_its_dag_topics_and_target():
+    dag, _ = make_dag()
+    kwargs = dag.get_task("window.plan")._plan_kwargs
+    assert {k: kwargs[k] for k in ("pipeline", "topics", "dag_id", "target_id", "target_exclusive",
+                                   "postgres_conn_id")} == {
+        "pipeline": "orders_hourly", "topics": ["orders"], "dag_id": "d", "target_id": "postgresql:analytics.orders",
+        "target_exclusive": False, "postgres_conn_id": "postgres_default"}
+    # a trigger deferred with them carries them as plain values
+    classpath, serialised = WindowClosedTrigger(poll_interval=5, **kwargs).serialize()
+    assert json.loads(json.dumps(serialised)) == {"poll_interval": 5, **kwargs}
+
+    partitioned = PostgresTarget(table="analytics.orders_p", mode="partition_per_window", postgres_conn_id="pg")
+    with DAG("hand_built", schedule=None, start_date=T0) as hand_built:
+        with_target = EosPlanWindowOperator(task_id="p1", pipeline="p", topics=["a"], target=partitioned)
+        without = EosPlanWindowOperator(task_id="p2", pipeline="p", topics=["a"])  # as before: no target
+        with pytest.raises(ValueError, match="ledger lives in the target's database"):
+            EosPlanWindowOperator(task_id="p3", pipeline="p", topics=["a"], target=partitioned,
+                                  postgres_conn_id="other")
+    assert {k: with_target._plan_kwargs[k] for k in ("dag_id", "target_id", "target_exclusive", "postgres_conn_id")} \
+        == {"dag_id": "hand_built", "target_id": "postgresql:analytics.orders_p", "target_exclusive": True,
+            "postgres_conn_id": "pg"}
+    assert {k: without._plan_kwargs[k] for k in ("dag_id", "target_id", "target_exclusive", "postgres_conn_id")} \
+        == {"dag_id": "hand_built", "target_id": None, "target_exclusive": False,
+            "postgres_conn_id": "postgres_default"}
+
+
+def test_an_ownership_conflict_from_the_trigger_fails_the_plan_without_retries():
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    dag, _ = make_dag(deferrable=True)
+    plan = dag.get_task("window.plan")
+    with pytest.raises(AirflowFailException, match="OwnershipConflict: two DAGs share"):
+        plan.execute_complete({}, {"status": "error", "error": "OwnershipConflict", "message": "two DAGs share"})
+    with pytest.raises(AirflowException) as other:  # other errors keep the task's retries
+        plan.execute_complete({}, {"status": "error", "error": "SourceUnavailable", "message": "no broker"})
+    assert not isinstance(other.value, AirflowFailException)
+
+
 @pytest.mark.parametrize("trigger", [
     WindowClosedTrigger(poll_interval=5, pipeline="p", topics=["a"], window_start="2026-01-01T00:00:00+00:00",
                         window_end="2026-01-01T01:00:00+00:00", idle_partition_grace_seconds=300,
                         kafka_conn_id="kafka_default", postgres_conn_id="postgres_default"),
+    WindowClosedTrigger(poll_interval=5, pipeline="p", topics=["a"], window_start="2026-01-01T00:00:00+00:00",
+                        window_end="2026-01-01T01:00:00+00:00", idle_partition_grace_seconds=300,
+                        kafka_conn_id="kafka_default", postgres_conn_id="postgres_default", dag_id="d",
+                        target_id="postgresql:analytics.orders", target_exclusive=False),
     CheckpointTrigger(poll_interval=5, target={"url": None, "table": "t", "postgres_conn_id": "pg"},
                       attempt={"pipeline": "p", "epoch": 1}),
 ])

@@ -49,6 +49,18 @@ def test_bad_table_names_are_refused(text):
         parse_table_name(text)
 
 
+@pytest.mark.parametrize("names, target_id", [
+    (["analytics.orders", '"analytics".orders', "ANALYTICS.Orders", ' analytics . orders ', 'analytics."orders"'],
+     "postgresql:analytics.orders"),
+    (["orders", "public.orders", '"public"."orders"'], "postgresql:public.orders"),
+    (['"Analytics"."Orders"'], 'postgresql:"Analytics"."Orders"'),
+    (['"my.schema"."ta""ble"'], 'postgresql:"my.schema"."ta""ble"'),  # no two tables share an identity
+])
+def test_a_tables_identity_for_the_pipeline_claim_is_one_however_it_is_spelt(names, target_id):
+    assert {PostgresTarget(table=n).target_id for n in names} == {target_id}
+    assert {PostgresTarget(table=n, mode="partition_per_window").target_id for n in names} == {target_id}
+
+
 @pytest.mark.parametrize("pipeline", ["orders_hourly", "x" * 500, "'; DROP TABLE eos.windows; --\"", "ünï", "."])
 def test_staging_names_are_safe_short_and_distinct(pipeline):
     name = staging_name(pipeline, T0, 2_147_483_647)
