@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -125,13 +126,15 @@ def test_the_plan_claims_the_pipeline_for_its_dag_topics_and_target():
             "postgres_conn_id": "postgres_default"}
 
 
-def test_an_ownership_conflict_from_the_trigger_fails_the_plan_without_retries():
+@pytest.mark.parametrize("error, message", [("OwnershipConflict", "two DAGs share"),
+                                            ("SkewedTimestamp", "orders[1] offset 10 is stamped 2030")])
+def test_a_terminal_plan_error_from_the_trigger_fails_the_plan_without_retries(error, message):
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     dag, _ = make_dag(deferrable=True)
     plan = dag.get_task("window.plan")
-    with pytest.raises(AirflowFailException, match="OwnershipConflict: two DAGs share"):
-        plan.execute_complete({}, {"status": "error", "error": "OwnershipConflict", "message": "two DAGs share"})
+    with pytest.raises(AirflowFailException, match=re.escape(f"{error}: {message}")):
+        plan.execute_complete({}, {"status": "error", "error": error, "message": message})
     with pytest.raises(AirflowException) as other:  # other errors keep the task's retries
         plan.execute_complete({}, {"status": "error", "error": "SourceUnavailable", "message": "no broker"})
     assert not isinstance(other.value, AirflowFailException)
