@@ -51,10 +51,15 @@ fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   log "installing airflow-eos[dev] into .venv (first time ~1 min)"
   "$UV" pip install -q -p .venv/bin/python -e '.[dev]'
-  # pyspark-client shares the pyspark directory; make sure the full pyspark,
-  # with spark-submit and its jars, is what is on disk.
-  if [ ! -d .venv/lib/python*/site-packages/pyspark/jars ]; then
-    "$UV" pip install -q -p .venv/bin/python --reinstall-package pyspark 'pyspark==4.3.0'
+  # pyspark-client shares the pyspark directory: which package's files end up
+  # on disk depends on the install order (both cases were seen on this kind of
+  # machine). Make sure the full pyspark is there: its jars (spark-submit) AND
+  # its Python files (4.2 client files beside 4.3 jars break Python UDFs).
+  pyspark_pin=$(sed -n 's/.*"pyspark==\([0-9.]*\)".*/\1/p' pyproject.toml)
+  if [ ! -d .venv/lib/python*/site-packages/pyspark/jars ] \
+     || [ "$(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)' 2>/dev/null)" != "$pyspark_pin" ]; then
+    log "reinstalling pyspark $pyspark_pin over the files pyspark-client left"
+    "$UV" pip install -q -p .venv/bin/python --reinstall-package pyspark "pyspark==$pyspark_pin"
   fi
   touch "$stamp"
 fi
