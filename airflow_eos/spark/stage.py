@@ -59,8 +59,20 @@ with its source offset and error, counted in the checkpoint:
 
 2. rows with a null in a column that is NOT NULL in the target;
 3. rows the target refuses while staging (a value PostgreSQL cannot take: text
-   in an integer column, too long for a varchar, ...): the write task isolates
-   the refused row, stages the others and dead-letters that one.
+   in an integer column, too long for a varchar, ...). When a COPY is refused
+   on a column, the write task asks the server once which of the chunk's values
+   of that column its type cannot take, dead-letters those rows and stages the
+   rest (then the next refused column, if any): a round trip per refused
+   column, not per row. A refusal that names no column is isolated row by row.
+   If the target refuses *every* non-null value of a column in a chunk (at
+   least COLUMN_REFUSED_MIN_VALUES), that is a wrong type in the table or the
+   transform, not bad records: the job fails with a TargetError naming the
+   table, the column, both types and a sample value.
+
+Each dead letter keeps its record's key and value: the transform's ``key`` and
+``value`` columns when it has them; otherwise (and for rows the target refuses,
+which carry only the staged columns) the write task reads them back from Kafka
+by the row's lineage before writing its chunk, so good rows carry nothing extra.
 
 A dead letter without lineage cannot name its record: that fails the job with a
 clear error. More dead letters than ``max_bad_records`` fail the job too (a write
