@@ -739,7 +739,7 @@ class _TaskStager:
                 self._isolate_rows(table, refusal)
                 return
             checked.add(refusal.column)
-            table, refusal = self._refuse_column(table, refusal.column), None
+            table, refusal = self._refuse_column(table, refusal), None
 
     def _isolate_rows(self, table: "pa.Table", refusal: _Refusal | None = None) -> None:
         """``_write_isolating`` for a refusal that names no column: the refused
@@ -781,17 +781,22 @@ class _TaskStager:
         self._dead_letters([{"topic": values[lineage[0]], "partition": values[lineage[1]],
                              "offset": values[lineage[2]], "error": error}])
 
-    def _refuse_column(self, table: "pa.Table", column: str) -> "pa.Table":
-        """Dead-letter the rows of ``table`` whose value of ``column`` the target's
-        type cannot take, found by one question to the server; return the others.
-        If it takes none of the column's values (COLUMN_REFUSED_MIN_VALUES or
-        more of them), the table or the transform is wrong, not the records:
-        fail with a TargetError that says which column and what to do."""
+    def _refuse_column(self, table: "pa.Table", refusal: _Refusal) -> "pa.Table":
+        """Dead-letter the rows of ``table`` whose value of the refused column
+        the target's type cannot take, found by one question to the server;
+        return the others. If it takes none of the column's values
+        (COLUMN_REFUSED_MIN_VALUES or more of them), the table or the transform
+        is wrong, not the records: fail with a TargetError that says which
+        column and what to do."""
         import numpy as np
         import pyarrow as pa
 
+        column = refusal.column
+        # COPY took every row before the one it refused: ask only about the rest.
+        first = _row_of_line(self._staged(table), refusal.line) or 0
         values = table.column(column)
-        pg_type, refused = self.writer.refused_values(column, values)
+        pg_type, refused = self.writer.refused_values(column, values.slice(first))
+        refused = [(first + row, text, error) for row, text, error in refused]
         self.column_checks += 1
         given = len(values) - values.null_count
         if refused and len(refused) == given >= COLUMN_REFUSED_MIN_VALUES:

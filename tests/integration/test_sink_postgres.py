@@ -257,6 +257,10 @@ def test_the_server_names_every_value_a_column_refuses_in_one_question(pg_url, l
     too_long = "value too long for type character varying(3)"
     assert (kind, refused) == ("character varying(3)", [(1, "abcd", too_long), (5, "ab\ncd", too_long),
                                                          (7, "1234567", too_long)])
+    # Values are tried 1,000 at a time, a refused block value by value: rows in later blocks, nulls among them.
+    many = pa.array([None if i % 7 == 0 else "12345" if i in (1_500, 2_498) else "ok" for i in range(2_500)])
+    assert writer.refused_values("code", many) == ("character varying(3)", [(1_500, "12345", too_long),
+                                                                            (2_498, "12345", too_long)])
     with pytest.raises(TargetError, match="value too long"):
         writer.write([batch])
     chunk = writer.write([batch.filter(pa.array([i not in (1, 5, 7) for i in range(len(codes))]))])
