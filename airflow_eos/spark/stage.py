@@ -677,8 +677,8 @@ class _TaskStager:
 
     def _write_streaming(self) -> None:
         """Stream pending and further input into one chunk, up to the chunk's
-        bounds, keeping what was sent until it commits: if the target refuses a
-        row, the rows sent are staged again without it."""
+        bounds, keeping what was sent until it commits: if the target refuses
+        rows, the chunk is staged again without them (_write_isolating)."""
         fed = 0
 
         def feed() -> Iterator["pa.RecordBatch"]:
@@ -957,7 +957,8 @@ def commit_stage(settings: StageSettings, messages: Sequence[StagedTask | None])
              "%.1fs writing, in all)", attempt,
              time.perf_counter() - started, sum(r.records for r in consumed), len(reported),
              sum(s for _, s in reported), rows, dead, sum(m.refused for m in messages), len(messages), len(chunks),
-             sum(m.copies for m in messages), sum(m.column_checks for m in messages), sum(m.wait_s for m in messages), sum(m.write_s for m in messages))
+             sum(m.copies for m in messages), sum(m.column_checks for m in messages),
+             sum(m.wait_s for m in messages), sum(m.write_s for m in messages))
     for r in checkpoint.ranges:
         log.info("  consumed %s [%d, %d): %d records", r.tp, r.start_offset, r.end_offset, r.records)
     return checkpoint
