@@ -805,6 +805,41 @@ class StagingWriter:
                  rows, dead, seconds, rows / seconds if seconds else 0)
         return StagedChunk(chunk, rows, dead, digest.hexdigest())
 
+    def refused_values(self, column: str,
+                       values: pa.Array | pa.ChunkedArray) -> tuple[str, list[tuple[int, str, str]]]:
+        """Ask the server which of ``values`` (one staged column, as a COPY would
+        send them) that column's type cannot take: one round trip
+        (eos.refused_inputs, ledger migration 6), however many are refused.
+        Returns the column's PostgreSQL type and, for each refused value in row
+        order, its row, its text as COPY received it and the server's error."""
+        rows_table, _ = _staging_ids(self.staging)
+        texts = _copy_texts(values)
+        conn = _connect(self.url, f"check {self.staging}")
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL TIME ZONE 'UTC'")  # as write() does
+                found = conn.execute(
+                    "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass"
+                    " AND attname = %s AND attnum > 0 AND NOT attisdropped",
+                    (rows_table.as_string(conn), column)).fetchone()
+                if found is None:
+                    raise TargetError(f"staging table {STAGING_SCHEMA}.{self.staging} of {self.target} has no "
+                                      f"column {column!r}")
+                refused = conn.execute("SELECT ordinal - 1, error FROM eos.refused_inputs(%s::regclass, %s, %s)"
+                                       " ORDER BY ordinal", (rows_table.as_string(conn), column, texts)).fetchall()
+        except psycopg.OperationalError as exc:
+            raise LedgerUnavailable(f"checking values for {self.target}: lost the database {redact(self.url)}: "
+                                    f"{exc}") from exc
+        except psycopg.errors.UndefinedTable as exc:
+            raise TargetError(f"staging table {STAGING_SCHEMA}.{self.staging} of {self.target} does not exist: "
+                              "its attempt was aborted or committed") from exc
+        except psycopg.errors.UndefinedFunction as exc:
+            raise TargetError(f"the ledger of {redact(self.url)} lacks eos.refused_inputs: migrate it "
+                              "(Ledger.migrate, version 6)") from exc
+        finally:
+            conn.close()
+        return found[0], [(int(row), texts[row], str(error)) for row, error in refused]
+
     def _check_columns(self, names: list[str]) -> list[str]:
         if len(set(names)) != len(names) or set(names) != set(self.columns):
             unexpected = sorted(set(names) - set(self.columns))
@@ -837,6 +872,23 @@ def _csv(batch: pa.RecordBatch | pa.Table) -> pa.Buffer:
     out = pa.BufferOutputStream()
     pacsv.write_csv(table, out, _CSV_OPTIONS)
     return out.getvalue()
+
+
+def _copy_texts(values: pa.Array | pa.ChunkedArray) -> list[str | None]:
+    """Each value as the text COPY receives for it from :func:`_csv` (None for
+    null): encoded by _csv itself and decoded as PostgreSQL's CSV input does
+    (an unquoted empty field is null, a quoted one the empty string)."""
+    payload = _csv(pa.table({"v": values}))
+    parsed = pacsv.read_csv(
+        pa.BufferReader(payload),
+        read_options=pacsv.ReadOptions(column_names=["v"]),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False),
+        convert_options=pacsv.ConvertOptions(column_types={"v": pa.string()}, strings_can_be_null=True,
+                                             null_values=[""], quoted_strings_can_be_null=False))
+    texts = parsed.column("v").to_pylist()
+    if len(texts) != len(values):
+        raise TargetError(f"could not re-read {len(values)} values as COPY text (got {len(texts)})")
+    return texts
 
 
 def _dead_letter_rows(dead_letters: Iterable[pa.RecordBatch | pa.Table | Mapping]) -> Iterator[tuple]:

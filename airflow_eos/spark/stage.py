@@ -59,8 +59,20 @@ with its source offset and error, counted in the checkpoint:
 
 2. rows with a null in a column that is NOT NULL in the target;
 3. rows the target refuses while staging (a value PostgreSQL cannot take: text
-   in an integer column, too long for a varchar, ...): the write task isolates
-   the refused row, stages the others and dead-letters that one.
+   in an integer column, too long for a varchar, ...). When a COPY is refused
+   on a column, the write task asks the server once which of the chunk's values
+   of that column its type cannot take, dead-letters those rows and stages the
+   rest (then the next refused column, if any): a round trip per refused
+   column, not per row. A refusal that names no column is isolated row by row.
+   If the target refuses *every* non-null value of a column in a chunk (at
+   least COLUMN_REFUSED_MIN_VALUES), that is a wrong type in the table or the
+   transform, not bad records: the job fails with a TargetError naming the
+   table, the column, both types and a sample value.
+
+Each dead letter keeps its record's key and value: the transform's ``key`` and
+``value`` columns when it has them; otherwise (and for rows the target refuses,
+which carry only the staged columns) the write task reads them back from Kafka
+by the row's lineage before writing its chunk, so good rows carry nothing extra.
 
 A dead letter without lineage cannot name its record: that fails the job with a
 clear error. More dead letters than ``max_bad_records`` fail the job too (a write
@@ -119,7 +131,14 @@ from airflow_eos.core.errors import (
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.postgres_target import LINEAGE_COLUMNS, PostgresTarget, StagingWriter, parse_table_name
 from airflow_eos.core.windows import WindowPlan
-from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK, read_plan, worker_logging
+from airflow_eos.spark.kafka_source import (
+    DEFAULT_MAX_RECORDS_PER_TASK,
+    KAFKA_PREFIX,
+    _option_string,
+    read_plan,
+    read_records,
+    worker_logging,
+)
 from airflow_eos.spark.kafka_source import register as register_kafka_source
 from airflow_eos.spark.transform import load_transform
 
@@ -148,6 +167,10 @@ _RAW = ("__eos_key", "__eos_value")
 DEFAULT_ROWS_PER_CHUNK = 1_000_000
 DEFAULT_CHUNK_BYTES = 256 << 20
 DEAD_LETTER_SAMPLES = 5
+# The target refusing every non-null value of a column in a chunk of at least
+# this many is a configuration error (wrong type in the table or the transform),
+# not bad records; fewer (a one-record window, say) are dead letters.
+COLUMN_REFUSED_MIN_VALUES = 10
 MAX_ERROR_CHARS = 2_000
 
 
@@ -260,6 +283,7 @@ class Layout:
     error: str | None = None  # null: stage the row; else a dead letter with this error
     lineage: tuple[str, str, str] | None = None  # the source record of each row
     raw: tuple[str, str] | None = None  # a dead letter's raw key and value (null for good rows)
+    types: tuple[str, ...] | None = None  # the transform's type of each staged column (Spark's name), for messages
 
     @property
     def kept(self) -> tuple[str, ...]:
@@ -275,7 +299,8 @@ class Layout:
     def from_json(cls, text: str) -> "Layout":
         data = json.loads(text)
         return cls(tuple(data["staged"]), data["error"], tuple(data["lineage"]) if data["lineage"] else None,
-                   tuple(data["raw"]) if data["raw"] else None)
+                   tuple(data["raw"]) if data["raw"] else None,
+                   tuple(data["types"]) if data.get("types") else None)
 
 
 def _col(name: str) -> "Column":
@@ -342,6 +367,7 @@ def writer_input(out: "DataFrame", staged: Sequence[str], not_null: Iterable[str
               for c in staged if c in set(not_null)]
     reasons = ([_col(error)] if error is not None else []) + checks
     columns = [_col(found[c]).alias(c) for c in staged]
+    types = tuple(out.schema[found[c]].dataType.simpleString() for c in staged)
     layout_lineage = None
     if all(c in staged for c in LINEAGE_COLUMNS):
         layout_lineage = tuple(LINEAGE_COLUMNS)
@@ -350,7 +376,7 @@ def writer_input(out: "DataFrame", staged: Sequence[str], not_null: Iterable[str
         columns += [_col(lineage[0]).cast("string").alias(_LINEAGE[0]), _col(lineage[1]).cast("int").alias(_LINEAGE[1]),
                     _col(lineage[2]).cast("long").alias(_LINEAGE[2])]
     if not reasons:
-        return out.select(*columns), Layout(tuple(staged), None, layout_lineage, None)
+        return out.select(*columns), Layout(tuple(staged), None, layout_lineage, None, types)
     # The error first, in a projection of its own, so the rest refers to it
     # rather than repeating it (a UDF's result, for instance).
     with_error = out.withColumn(_ERROR, F.coalesce(*reasons) if len(reasons) > 1 else reasons[0])
@@ -365,7 +391,7 @@ def writer_input(out: "DataFrame", staged: Sequence[str], not_null: Iterable[str
                      _col(name).cast("string").cast("binary"))
             # Only dead letters carry their raw record; good rows carry nulls, which cost nothing.
             columns.append(F.when(F.col(_ERROR).isNotNull(), value).alias(alias))
-    return with_error.select(*columns), Layout(tuple(staged), _ERROR, layout_lineage, layout_raw)
+    return with_error.select(*columns), Layout(tuple(staged), _ERROR, layout_lineage, layout_raw, types)
 
 
 # --------------------------------------------------------------------------- settings shipped to the workers
@@ -383,9 +409,16 @@ class StageSettings:
     max_bad_records: int
     rows_per_chunk: int = DEFAULT_ROWS_PER_CHUNK
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    # The source's Kafka settings: write tasks read the records of dead letters
+    # that lack their key and value back by lineage (_TaskStager._read_back_raw).
+    # run_stage always sets them; empty only where a test stages without Kafka.
+    kafka_config: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     def to_options(self) -> dict[str, str]:
-        return {
+        # One option per Kafka setting, as the eos_kafka source has them, so that
+        # Spark's redaction hides e.g. kafka.sasl.password.
+        kafka = {KAFKA_PREFIX + k: _option_string(v) for k, v in self.kafka_config.items()}
+        return {**kafka,
             # "secret" in the key: Spark redacts options whose key matches
             # spark.redaction.regex, and the target's URL may hold a password.
             "target.secret": json.dumps(dataclasses.asdict(self.target)),
@@ -412,6 +445,7 @@ class StageSettings:
                 max_bad_records=int(options["max_bad_records"]),
                 rows_per_chunk=int(options["rows_per_chunk"]),
                 chunk_bytes=int(options["chunk_bytes"]),
+                kafka_config={k[len(KAFKA_PREFIX):]: v for k, v in options.items() if k.startswith(KAFKA_PREFIX)},
             )
         except KeyError as exc:
             raise ConfigurationError(f"the {FORMAT_NAME} data source needs option {exc}; use run_stage") from None
@@ -474,27 +508,36 @@ class StagedTask(WriterCommitMessage):
     samples: tuple[tuple[str, int, int, str], ...]  # first dead letters: topic, partition, offset, error
     wait_s: float  # waiting for input: reading and transforming upstream
     write_s: float  # encoding, COPY, isolating refused rows
+    copies: int = 0  # COPY transactions tried (chunks staged, and those the target refused)
+    column_checks: int = 0  # refused columns whose values the server checked at once
 
 
 @dataclass(frozen=True)
 class _Refusal:
-    """The target refused the row at ``line`` of a COPY into the staging."""
+    """The target refused the row at ``line`` of a COPY into the staging, for
+    a value of ``column`` when the server names one."""
 
     line: int
     message: str
+    column: str | None = None
 
 
-def _refusal(exc: TargetError, staging: str) -> _Refusal | None:
+def _refusal(exc: TargetError, staging: str, columns: Sequence[str] = ()) -> _Refusal | None:
     """The refused row of a failed staging write, if the failure was a value
-    the staging's column type cannot take (a data exception in the rows' COPY)."""
+    the staging's column type cannot take (a data exception in the rows' COPY);
+    with its column if it is one of ``columns``."""
     cause = exc.__cause__
     if not isinstance(cause, psycopg.Error) or not (cause.sqlstate or "").startswith("22"):
         return None
     match = re.search(r"COPY (\S+), line (\d+)(?:, (.*))?", cause.diag.context or "")
     if match is None or match.group(1) != staging:
         return None
-    where = f" ({match.group(3)})" if match.group(3) else ""
-    return _Refusal(int(match.group(2)), (cause.diag.message_primary or str(cause)) + where)
+    where = match.group(3) or ""
+    # "column NAME: VALUE"; a name may itself hold ": ", so match the known names, longest first.
+    column = next((c for c in sorted(columns, key=len, reverse=True)
+                   if where == f"column {c}" or where.startswith(f"column {c}: ")), None)
+    return _Refusal(int(match.group(2)), (cause.diag.message_primary or str(cause)) + (f" ({where})" if where else ""),
+                    column)
 
 
 def _row_of_line(table: "pa.Table", line: int) -> int | None:
@@ -536,6 +579,7 @@ class _TaskStager:
         self.dead: list[dict] = []  # dead letters in no committed chunk yet
         self.chunks: list[StagedChunk] = []
         self.rows = self.dead_total = self.refused = 0
+        self.copies = self.column_checks = 0
         self.samples: list[tuple[str, int, int, str]] = []
         self.wait_s = 0.0
 
@@ -551,7 +595,7 @@ class _TaskStager:
             self._write([])  # the last dead letters, in a chunk of their own
         total = time.perf_counter() - started
         return StagedTask(tuple(self.chunks), self.rows, self.dead_total, self.refused, tuple(self.samples),
-                          self.wait_s, total - self.wait_s)
+                          self.wait_s, total - self.wait_s, self.copies, self.column_checks)
 
     # ---------------------------------------------------------------- input
 
@@ -590,9 +634,10 @@ class _TaskStager:
         raw = {name: bad.column(name).to_pylist() for name in layout.raw} if layout.raw else {}
         topic, partition, offset = layout.lineage
         dead = [{"topic": columns[topic][i], "partition": columns[partition][i], "offset": columns[offset][i],
-                 "error": columns[layout.error][i],
-                 "key": raw[layout.raw[0]][i] if raw else None, "value": raw[layout.raw[1]][i] if raw else None}
-                for i in range(bad.num_rows)]
+                 "error": columns[layout.error][i]} for i in range(bad.num_rows)]
+        if raw:  # else _read_back_raw gives them their record's key and value
+            for i, d in enumerate(dead):
+                d["key"], d["value"] = raw[layout.raw[0]][i], raw[layout.raw[1]][i]
         return batch.filter(good_mask).select(list(layout.kept)), dead
 
     def _dead_letters(self, dead: list[dict]) -> None:
@@ -614,6 +659,8 @@ class _TaskStager:
 
     def _write(self, data: Iterable["pa.RecordBatch | pa.Table"]) -> None:
         """One chunk: ``data`` and the pending dead letters, in one transaction."""
+        self._read_back_raw()
+        self.copies += 1
         chunk = self.writer.write((self._staged(d) for d in data), dead_letters=self.dead)
         self.chunks.append(chunk)
         self.rows += chunk.rows
@@ -621,8 +668,8 @@ class _TaskStager:
 
     def _write_streaming(self) -> None:
         """Stream pending and further input into one chunk, up to the chunk's
-        bounds, keeping what was sent until it commits: if the target refuses a
-        row, the rows sent are staged again without it."""
+        bounds, keeping what was sent until it commits: if the target refuses
+        rows, the chunk is staged again without them (_write_isolating)."""
         fed = 0
 
         def feed() -> Iterator["pa.RecordBatch"]:
@@ -640,14 +687,20 @@ class _TaskStager:
                 nbytes += batch.nbytes
                 yield batch
 
+        chunk = feed()
         try:
-            self._write(feed())
+            self._write(chunk)
         except TargetError as exc:
-            refusal = _refusal(exc, self.settings.attempt.staging)
+            refusal = _refusal(exc, self.settings.attempt.staging, self.layout.staged)
             if refusal is None:
                 raise
             import pyarrow as pa
 
+            # Take the rest of the chunk too: a refused column is judged on the
+            # whole chunk (_refuse_column), not on however much of it the COPY
+            # had sent when the server answered.
+            for _ in chunk:
+                pass
             sent, self.pending = self.pending[:fed], self.pending[fed:]
             self._write_isolating(pa.Table.from_batches(sent), refusal)
         else:
@@ -657,16 +710,41 @@ class _TaskStager:
         """Stage ``table``; each row the target refuses becomes a dead letter.
         ``refusal``: why a write of exactly ``table`` failed, if one was tried.
 
-        The refused row is found from the COPY's line number; if that cannot be
-        mapped to a row, halving finds it. Rows before it are staged as a chunk,
-        the row alone is tried (refused: a dead letter), then the rest."""
+        A refusal naming a column costs one question to the server, whatever
+        the number of rows refused: which of the table's values of that column
+        can its type not take (_refuse_column). Those rows become dead letters
+        together and the rest is written again; the next refused column, if
+        any, likewise. A refusal naming no column (or a column already checked)
+        is isolated row by row (_isolate_rows)."""
+        checked: set[str] = set()
         while table.num_rows:
             if refusal is None:
                 try:
                     self._write([table])
                     return
                 except TargetError as exc:
-                    refusal = _refusal(exc, self.settings.attempt.staging)
+                    refusal = _refusal(exc, self.settings.attempt.staging, self.layout.staged)
+                    if refusal is None:
+                        raise
+            if refusal.column is None or refusal.column in checked:
+                self._isolate_rows(table, refusal)
+                return
+            checked.add(refusal.column)
+            table, refusal = self._refuse_column(table, refusal), None
+
+    def _isolate_rows(self, table: "pa.Table", refusal: _Refusal | None = None) -> None:
+        """``_write_isolating`` for a refusal that names no column: the refused
+        row is found from the COPY's line number; if that cannot be mapped to a
+        row, halving finds it. Rows before it are staged as a chunk, the row
+        alone is tried (refused: a dead letter), then the rest. A failed COPY
+        per refused row."""
+        while table.num_rows:
+            if refusal is None:
+                try:
+                    self._write([table])
+                    return
+                except TargetError as exc:
+                    refusal = _refusal(exc, self.settings.attempt.staging, self.layout.staged)
                     if refusal is None:
                         raise
             n = table.num_rows
@@ -675,12 +753,12 @@ class _TaskStager:
                 return
             row = _row_of_line(self._staged(table), refusal.line)
             if row is None:
-                self._write_isolating(table.slice(0, n // 2))
+                self._isolate_rows(table.slice(0, n // 2))
                 table, refusal = table.slice(n // 2), None
                 continue
             if row:
-                self._write_isolating(table.slice(0, row))
-            self._write_isolating(table.slice(row, 1))
+                self._isolate_rows(table.slice(0, row))
+            self._isolate_rows(table.slice(row, 1))
             table, refusal = table.slice(row + 1), None
 
     def _refuse(self, row: "pa.Table", refusal: _Refusal) -> None:
@@ -692,12 +770,88 @@ class _TaskStager:
                               f"it with: {_short(values)}")
         self.refused += 1
         self._dead_letters([{"topic": values[lineage[0]], "partition": values[lineage[1]],
-                             "offset": values[lineage[2]], "error": error, "key": None, "value": None}])
+                             "offset": values[lineage[2]], "error": error}])
+
+    def _refuse_column(self, table: "pa.Table", refusal: _Refusal) -> "pa.Table":
+        """Dead-letter the rows of ``table`` whose value of the refused column
+        the target's type cannot take, found by one question to the server;
+        return the others. If it takes none of the column's values
+        (COLUMN_REFUSED_MIN_VALUES or more of them), the table or the transform
+        is wrong, not the records: fail with a TargetError that says which
+        column and what to do."""
+        import numpy as np
+        import pyarrow as pa
+
+        column = refusal.column
+        # COPY took every row before the one it refused: ask only about the rest.
+        first = _row_of_line(self._staged(table), refusal.line) or 0
+        values = table.column(column)
+        pg_type, refused = self.writer.refused_values(column, values.slice(first))
+        refused = [(first + row, text, error) for row, text, error in refused]
+        self.column_checks += 1
+        given = len(values) - values.null_count
+        if refused and len(refused) == given >= COLUMN_REFUSED_MIN_VALUES:
+            raise TargetError(self._column_refused(column, pg_type, given, table.num_rows, refused[0]))
+        lineage = self.layout.lineage
+        target = self.settings.target.table
+        if refused and lineage is None:
+            _, text, error = refused[0]
+            raise TargetError(f"{target} refused {len(refused)} row(s) (first: {error}, column {column}: "
+                              f"{_short_text(text)}); the rows have no lineage columns {list(LINEAGE_COLUMNS)} to "
+                              "dead-letter them with")
+        if not refused:
+            return table
+        rows = [row for row, _, _ in refused]
+        where = table.select(list(lineage)).take(pa.array(rows, pa.int64())).to_pylist()
+        for (_, text, error), source in zip(refused, where, strict=True):
+            if any(source[c] is None for c in lineage):
+                raise TargetError(f"{target} refused a row ({error}, column {column}: {_short_text(text)}); it has "
+                                  f"null lineage {tuple(source.values())} to dead-letter it with")
+        self.refused += len(refused)
+        self._dead_letters([{"topic": source[lineage[0]], "partition": source[lineage[1]],
+                             "offset": source[lineage[2]],
+                             "error": f"{target} refused the row: {error} (column {column}: {_short_text(text)})"}
+                            for (_, text, error), source in zip(refused, where, strict=True)])
+        mask = np.ones(table.num_rows, dtype=bool)
+        mask[rows] = False
+        return table.filter(pa.array(mask))
+
+    def _column_refused(self, column: str, pg_type: str, given: int, rows: int, first: tuple[int, str, str]) -> str:
+        _, text, error = first
+        layout = self.layout
+        given_type = layout.types[layout.staged.index(column)] if layout.types else "?"
+        return (f"target table {self.settings.target.table} refuses column {column!r} for every row: it is "
+                f"{pg_type} there, and the transform's output gives {given_type} values the type cannot take "
+                f"(e.g. {_short_text(text)}: {error}); all {given} non-null values of the column in a chunk of "
+                f"{rows} rows were refused. That is a configuration error, not bad records: fix the transform "
+                f"(make {column} {pg_type}) or the table's column, then clear the window's run. Nothing of "
+                f"{self.settings.attempt} is checkpointed or published.")
+
+    def _read_back_raw(self) -> None:
+        """Give each pending dead letter that lacks its raw record (a row the
+        target refused; a transform output without key and value) the key and
+        value of its source record, read back from Kafka by its lineage, before
+        its chunk is written. Good rows carry nothing for this."""
+        lacking = [d for d in self.dead if "key" not in d]
+        if not lacking or not self.settings.kafka_config:
+            return
+        by_partition: dict[tuple[str, int], list[dict]] = {}
+        for d in lacking:
+            by_partition.setdefault((d["topic"], d["partition"]), []).append(d)
+        for (topic, partition), letters in by_partition.items():
+            records = read_records(self.settings.kafka_config, topic, partition, [d["offset"] for d in letters])
+            for d in letters:
+                d["key"], d["value"] = records[d["offset"]]
 
 
 def _short(value: Any, limit: int = 500) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short_text(text: str, limit: int = 40) -> str:
+    """A refused value as PostgreSQL quotes one in a COPY error, shortened."""
+    return '"' + (text if len(text) <= limit else text[: limit - 3] + "...") + '"'
 
 
 def too_many_message(settings: StageSettings, count: int, samples: Sequence[tuple], where: str) -> str:
@@ -790,9 +944,11 @@ def commit_stage(settings: StageSettings, messages: Sequence[StagedTask | None])
     rows = sum(m.rows for m in messages)
     log.info("%s: job commit wrote the checkpoint in %.2fs: %d records read by %d read task(s) "
              "(%.1fs reading in all), %d rows staged and %d dead letters (%d refused by the target) by %d write "
-             "task(s) in %d chunk(s) (%.1fs waiting for input, %.1fs writing, in all)", attempt,
+             "task(s) in %d chunk(s) after %d COPY(s) and %d refused column check(s) (%.1fs waiting for input, "
+             "%.1fs writing, in all)", attempt,
              time.perf_counter() - started, sum(r.records for r in consumed), len(reported),
              sum(s for _, s in reported), rows, dead, sum(m.refused for m in messages), len(messages), len(chunks),
+             sum(m.copies for m in messages), sum(m.column_checks for m in messages),
              sum(m.wait_s for m in messages), sum(m.write_s for m in messages))
     for r in checkpoint.ranges:
         log.info("  consumed %s [%d, %d): %d records", r.tp, r.start_offset, r.end_offset, r.records)
@@ -949,7 +1105,8 @@ def run_stage(
         if not hasattr(out, "write") or not hasattr(out, "columns"):
             raise ConfigurationError(f"transform {transform!r} returned {type(out).__name__}, not a DataFrame")
         rows, layout = writer_input(out, staging.columns, not_null, table=target.table, strict=fn is not None)
-        settings = StageSettings(target, attempt, plan, run, layout, max_bad_records, rows_per_chunk)
+        settings = StageSettings(target, attempt, plan, run, layout, max_bad_records, rows_per_chunk,
+                                 kafka_config=kafka_config)
     except Exception as exc:
         # Nothing was staged; end the attempt rather than leave it for the abort task or the sweep.
         _abort_quietly(target, attempt, f"stage job run {run} failed before writing: {exc}")

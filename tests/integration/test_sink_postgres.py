@@ -239,6 +239,37 @@ def test_values_survive_staging_exactly(pg_url, ledger, freeze_windows):
         assert (g[2] != g[2] and w[2] != w[2]) or g[2] == w[2]  # NaN == NaN
 
 
+def test_the_server_names_every_value_a_column_refuses_in_one_question(pg_url, ledger, freeze_windows):
+    """StagingWriter.refused_values: the values of one column the staging's type
+    cannot take, judged as COPY judges them (the input function with the typmod:
+    trailing spaces beyond a varchar's length are cut, not refused) from the text
+    COPY receives (quotes, newlines, empty vs null); the rest then stages."""
+    execute(pg_url, "CREATE TABLE t (n integer, code varchar(3), eos_pipeline text, eos_window_start timestamptz)")
+    target = PostgresTarget(pg_url, "t")
+    [plan] = freeze_windows("p", [0])
+    attempt = target.begin(plan.window)
+    writer = target.writer(attempt)
+    codes = ["abc", "abcd", None, "", 'q"u', "ab\ncd", "  x ", "1234567"]
+    batch = pa.record_batch({"n": pa.array(range(len(codes)), pa.int32()), "code": codes})
+
+    assert writer.refused_values("n", batch.column("n")) == ("integer", [])
+    kind, refused = writer.refused_values("code", batch.column("code"))
+    too_long = "value too long for type character varying(3)"
+    assert (kind, refused) == ("character varying(3)", [(1, "abcd", too_long), (5, "ab\ncd", too_long),
+                                                         (7, "1234567", too_long)])
+    # Values are tried 1,000 at a time, a refused block value by value: rows in later blocks, nulls among them.
+    many = pa.array([None if i % 7 == 0 else "12345" if i in (1_500, 2_498) else "ok" for i in range(2_500)])
+    assert writer.refused_values("code", many) == ("character varying(3)", [(1_500, "12345", too_long),
+                                                                            (2_498, "12345", too_long)])
+    with pytest.raises(TargetError, match="value too long"):
+        writer.write([batch])
+    chunk = writer.write([batch.filter(pa.array([i not in (1, 5, 7) for i in range(len(codes))]))])
+    assert chunk.rows == 5
+    assert sorted(execute(pg_url, sql.SQL("SELECT n, code FROM {}").format(
+        sql.Identifier("eos_staging", attempt.staging)))) == [(0, "abc"), (2, None), (3, ""), (4, 'q"u'),
+                                                               (6, "  x")]
+
+
 def test_a_failed_task_or_an_unlisted_chunk_is_never_published(pg_url, orders, freeze_windows):
     [plan] = freeze_windows("p", [0])
     attempt = orders.begin(plan.window)

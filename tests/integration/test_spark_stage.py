@@ -401,8 +401,9 @@ def test_bad_records_become_dead_letters_with_offsets_and_the_rest_is_staged(spa
     for k in by_kind["null"]:
         assert dead[k][0] == "null in column amount, which is NOT NULL in orders"
     for k in by_kind["refused"]:
-        assert dead[k][0].startswith("orders refused the row: value too long for type character varying(4)"), dead[k]
-        assert "TOOLONG" in dead[k][0]
+        assert dead[k][0] == ('orders refused the row: value too long for type character varying(4) '
+                              '(column code: "TOOLONG")'), dead[k]
+        assert dead[k][1:] == records[k][:2]  # the raw record is kept, read back from Kafka by its offset
     published = execute(pg_url, "SELECT eos_topic, eos_partition, eos_offset, id, amount, code, note FROM orders")
     assert_exact([r[:3] for r in published], by_kind["good"])
     for t, p, o, id_, amount, code, note in published:
@@ -808,10 +809,12 @@ def test_a_failed_stage_job_is_reported_by_the_operator_with_the_jobs_error_firs
 
 def test_refused_rows_are_found_from_the_copy_line_even_across_multiline_values(pg_url, ledger):
     """Without Spark: a write task's input with values spanning several lines
-    (the first row too, which PostgreSQL counts differently) and two values the
-    target refuses. The refused rows are found from the COPY's line number at
-    the first try (three chunks: before, between and after them), become dead
-    letters with their lineage, and every other row is staged once."""
+    (the first row too, which PostgreSQL counts differently) and two rows the
+    target refuses without naming a column (a NUL byte: the line's encoding is
+    refused; a refused column is isolated by one check instead, see below). The
+    refused rows are found from the COPY's line number at the first try (three
+    chunks: before, between and after them), become dead letters with their
+    lineage, and every other row is staged once."""
     import pyarrow as pa
 
     from airflow_eos.spark.stage import Layout, StageSettings, _TaskStager
@@ -828,8 +831,9 @@ def test_refused_rows_are_found_from_the_copy_line_even_across_multiline_values(
         return pa.record_batch({
             "id": pa.array(offsets, pa.int64()),
             "amount": pa.array([Decimal(o) / 4 for o in offsets], pa.decimal128(12, 2)),
-            "code": pa.array(["TOOLONG" if o in refused else f"c{o}" for o in offsets]),
-            "note": pa.array([f"note {o}" + "\nmore, \"quoted\"\n" * (o % 3) for o in offsets]),
+            "code": pa.array([f"c{o}" for o in offsets]),
+            "note": pa.array([f"note {o}" + "\nmore, \"quoted\"\n" * (o % 3) + ("\x00" if o in refused else "")
+                              for o in offsets]),
             "eos_topic": pa.array(["t"] * len(offsets)),
             "eos_partition": pa.array([0] * len(offsets), pa.int32()),
             "eos_offset": pa.array(offsets, pa.int64()),
@@ -847,8 +851,127 @@ def test_refused_rows_are_found_from_the_copy_line_even_across_multiline_values(
     dead = execute(pg_url, sql.SQL('SELECT "offset", error FROM {}').format(
         sql.Identifier("eos_staging", attempt.staging + "_dl")))
     assert sorted(o for o, _ in dead) == sorted(refused)
-    assert all(e.startswith("orders refused the row: value too long for type character varying(4) (column code: ")
-               for _, e in dead), dead
+    assert all(e == 'orders refused the row: invalid byte sequence for encoding "UTF8": 0x00' for _, e in dead), dead
     notes = dict(execute(pg_url, sql.SQL("SELECT id, note FROM {}").format(
         sql.Identifier("eos_staging", attempt.staging))))
     assert notes[2] == "note 2" + "\nmore, \"quoted\"\n" * 2
+
+
+ITEMS_DDL = """
+    CREATE TABLE items (
+        qty              integer,
+        code             varchar(4),
+        eos_topic        text          NOT NULL,
+        eos_partition    integer       NOT NULL,
+        eos_offset       bigint        NOT NULL,
+        eos_pipeline     text          NOT NULL,
+        eos_window_start timestamptz   NOT NULL
+    )
+"""
+
+
+def test_refused_values_are_isolated_per_column_not_per_row(pg_url, ledger, kafka_config, kafka):
+    """Without Spark: one write task's 10,000 rows of which the target refuses
+    2,000 values of qty (integer) and 100 of code (varchar(4)), in other rows.
+    Each refused column costs one check on the server and one more COPY, not a
+    COPY per row: 3 COPYs, 2 checks, one chunk. Exactly the refused rows are dead
+    letters, with the error naming the column and value, and with their
+    record's key and value (read back from Kafka by lineage); every other row
+    is staged once."""
+    import pyarrow as pa
+
+    from airflow_eos.spark.stage import Layout, StageSettings, _TaskStager
+
+    admin = AdminClient({"bootstrap.servers": kafka.address})
+    topic = f"stage-items-{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(15)
+    producer = Producer({"bootstrap.servers": kafka.address, "linger.ms": 5})
+    _produce_all(producer, topic, ((0, b"k%d" % i, b"v%d" % i, None) for i in range(10_000)))
+    assert producer.flush(30) == 0
+    truth = _read_log(kafka.address, topic, 1)
+    plan = whole_plan(topic, truth, 1)
+    records = in_plan(truth, plan)
+    assert len(records) == 10_000
+    bad_qty = {o for o in range(10_000) if o % 5 == 3}
+    bad_code = {o for o in range(10_000) if o % 100 == 1}
+    execute(pg_url, ITEMS_DDL)
+    freeze(pg_url, plan)
+    target = PostgresTarget(pg_url, "items")
+    attempt = target.begin(plan.window)
+
+    def batch(offsets):
+        return pa.record_batch({
+            "qty": pa.array([f"x{o}" if o in bad_qty else str(o) for o in offsets]),
+            "code": pa.array(["TOOLONG" if o in bad_code else f"c{o % 100}" for o in offsets]),
+            "eos_topic": pa.array([topic] * len(offsets)),
+            "eos_partition": pa.array([0] * len(offsets), pa.int32()),
+            "eos_offset": pa.array(offsets, pa.int64()),
+        })
+
+    settings = StageSettings(target, attempt, plan, "run1", Layout(
+        tuple(target.writer(attempt).columns), None, ("eos_topic", "eos_partition", "eos_offset"), None),
+        max_bad_records=3_000, kafka_config=kafka_config)
+    result = _TaskStager(settings, iter([batch(list(range(i, i + 1_000))) for i in range(0, 10_000, 1_000)])).run()
+
+    refused = bad_qty | bad_code
+    assert (result.rows, result.dead_letters, result.refused) == (10_000 - len(refused), len(refused), len(refused))
+    assert (result.copies, result.column_checks, len(result.chunks)) == (3, 2, 1)
+    assert_exact(staged_lineage(pg_url, attempt), {(topic, 0, o) for o in range(10_000)} - {
+        (topic, 0, o) for o in refused})
+    dead = execute(pg_url, sql.SQL('SELECT topic, partition, "offset", error, key, value FROM {}').format(
+        sql.Identifier("eos_staging", attempt.staging + "_dl")))
+    assert_exact([d[:3] for d in dead], {(topic, 0, o) for o in refused})
+    for t, p, o, error, key, value in dead:
+        assert (key, value) == records[(t, p, o)][:2]
+        if o in bad_qty:
+            assert error == f'items refused the row: invalid input syntax for type integer: "x{o}" (column qty: "x{o}")'
+        else:
+            assert error == ('items refused the row: value too long for type character varying(4) '
+                             '(column code: "TOOLONG")'), error
+    admin.delete_topics([topic])[topic].result(15)
+
+
+def test_a_column_the_target_refuses_for_every_row_fails_the_stage(spark, pg_url, ledger, kafka_config, mixed):
+    """A table whose column has the wrong type (code integer; the transform gives
+    text): with max_bad_records above the window's records (as the example DAG's
+    1,000), every record used to become a dead letter and the window committed
+    with 0 rows. Now the stage fails, naming the table, the column, both types,
+    a sample value and what to do; the attempt is aborted, nothing checkpointed,
+    nothing published, no dead letter. A window of one record whose value is
+    refused still stages it as a dead letter (with its key and value)."""
+    from airflow_eos.spark import StageFailed, run_stage
+
+    topic, truth = mixed
+    plan = WindowPlan(WINDOW, tuple(PartitionRange(topic, p, 0, 400) for p in range(MIXED_PARTITIONS)))
+    execute(pg_url, ORDERS_DDL.replace("varchar(4)", "integer"))
+    freeze(pg_url, plan)
+    target = PostgresTarget(pg_url, "orders")
+    attempt = target.begin(plan.window)
+
+    with pytest.raises(StageFailed) as failure:
+        run_stage(spark, plan, attempt, target, kafka_config, parse_orders, max_bad_records=1_000)
+
+    message = str(failure.value)
+    assert failure.value.error == "TargetError", message[:3000]
+    assert "target table orders refuses column 'code' for every row: it is integer there, and the transform's " \
+           "output gives string values the type cannot take (e.g. \"c" in message, message[:3000]
+    assert "invalid input syntax for type integer" in message
+    assert "fix the transform (make code integer) or the table's column, then clear the window's run" in message
+    assert "attempt aborted, staging dropped" in message
+    assert attempt_state(pg_url, attempt) == "aborted" and not staging_exists(pg_url, attempt)
+    assert checkpoint_rows(pg_url, attempt) == 0
+    with pytest.raises(AttemptClosed):
+        target.prepare(attempt)
+    assert execute(pg_url, "SELECT count(*) FROM orders")[0][0] == 0
+    assert execute(pg_url, "SELECT count(*) FROM eos.dead_letters")[0][0] == 0
+
+    one = WindowPlan(Window("stage_one", T0, T0 + timedelta(hours=1)), (PartitionRange(topic, 0, 0, 1),))
+    freeze(pg_url, one)
+    attempt = target.begin(one.window)
+    report = run_stage(spark, one, attempt, target, kafka_config, parse_orders, max_bad_records=1)
+    assert (report.rows_staged, report.dead_letters) == (0, 1)
+    assert target.prepare(attempt).prepared
+    target.commit(attempt)
+    [(offset, error, key, value)] = execute(pg_url, 'SELECT "offset", error, key, value FROM eos.dead_letters')
+    assert offset == 0 and (key, value) == truth[0][0][:2]
+    assert error.startswith("orders refused the row: invalid input syntax for type integer"), error
