@@ -788,7 +788,7 @@ class StagingWriter:
                             dead += 1
         except psycopg.OperationalError as exc:
             raise LedgerUnavailable(f"staging into {self.staging} for {self.target}: lost the database "
-                                    f"{redact(self.url)}: {exc}") from exc
+                                    f"{redact(self.url)}: {redact(str(exc), self.url)}") from exc
         except psycopg.errors.UndefinedTable as exc:
             raise TargetError(f"staging table {STAGING_SCHEMA}.{self.staging} of {self.target} does not exist: "
                               "its attempt was aborted or committed") from exc
@@ -814,7 +814,7 @@ class StagingWriter:
         order, its row, its text as COPY received it and the server's error."""
         rows_table, _ = _staging_ids(self.staging)
         texts = _copy_texts(values)
-        conn = _connect(self.url, f"check {self.staging}")
+        conn = connect(self.url, f"check {self.staging}")
         try:
             with conn.transaction():
                 conn.execute("SET LOCAL TIME ZONE 'UTC'")  # as write() does
@@ -829,7 +829,7 @@ class StagingWriter:
                                        " ORDER BY ordinal", (rows_table.as_string(conn), column, texts)).fetchall()
         except psycopg.OperationalError as exc:
             raise LedgerUnavailable(f"checking values for {self.target}: lost the database {redact(self.url)}: "
-                                    f"{exc}") from exc
+                                    f"{redact(str(exc), self.url)}") from exc
         except psycopg.errors.UndefinedTable as exc:
             raise TargetError(f"staging table {STAGING_SCHEMA}.{self.staging} of {self.target} does not exist: "
                               "its attempt was aborted or committed") from exc

@@ -112,7 +112,7 @@ def test_the_plan_claims_the_pipeline_for_its_dag_topics_and_target():
     assert json.loads(json.dumps(serialised)) == {"poll_interval": 5, **kwargs}
 
     partitioned = PostgresTarget(table="analytics.orders_p", mode="partition_per_window", postgres_conn_id="pg")
-    with DAG("hand_built", schedule=None, start_date=T0) as hand_built:
+    with DAG("hand_built", schedule=None, start_date=T0):
         with_target = EosPlanWindowOperator(task_id="p1", pipeline="p", topics=["a"], target=partitioned)
         without = EosPlanWindowOperator(task_id="p2", pipeline="p", topics=["a"])  # as before: no target
         with pytest.raises(ValueError, match="ledger lives in the target's database"):
