@@ -706,6 +706,18 @@ class _TaskStager:
         else:
             del self.pending[:fed]
 
+    def _try_write(self, table: "pa.Table") -> _Refusal | None:
+        """Stage ``table`` as one chunk: None when it was staged, else why the
+        target refused a row of it (any other failure raises)."""
+        try:
+            self._write([table])
+        except TargetError as exc:
+            refusal = _refusal(exc, self.settings.attempt.staging, self.layout.staged)
+            if refusal is None:
+                raise
+            return refusal
+        return None
+
     def _write_isolating(self, table: "pa.Table", refusal: _Refusal | None = None) -> None:
         """Stage ``table``; each row the target refuses becomes a dead letter.
         ``refusal``: why a write of exactly ``table`` failed, if one was tried.
@@ -718,14 +730,8 @@ class _TaskStager:
         is isolated row by row (_isolate_rows)."""
         checked: set[str] = set()
         while table.num_rows:
-            if refusal is None:
-                try:
-                    self._write([table])
-                    return
-                except TargetError as exc:
-                    refusal = _refusal(exc, self.settings.attempt.staging, self.layout.staged)
-                    if refusal is None:
-                        raise
+            if refusal is None and (refusal := self._try_write(table)) is None:
+                return
             if refusal.column is None or refusal.column in checked:
                 self._isolate_rows(table, refusal)
                 return
@@ -739,14 +745,8 @@ class _TaskStager:
         alone is tried (refused: a dead letter), then the rest. A failed COPY
         per refused row."""
         while table.num_rows:
-            if refusal is None:
-                try:
-                    self._write([table])
-                    return
-                except TargetError as exc:
-                    refusal = _refusal(exc, self.settings.attempt.staging, self.layout.staged)
-                    if refusal is None:
-                        raise
+            if refusal is None and (refusal := self._try_write(table)) is None:
+                return
             n = table.num_rows
             if n == 1:
                 self._refuse(table, refusal)
