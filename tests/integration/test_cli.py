@@ -14,8 +14,8 @@ import pytest
 from airflow_eos.cli import main, parse_duration
 from airflow_eos.core.source import KafkaLog
 from airflow_eos.core.windows import TopicPartition
-from airflow_eos.testing.leaks import PASSWORD, leaked
-from airflow_eos.testing.services import free_port
+from airflow_eos.embedded import free_port
+from harness.leaks import PASSWORD, leaked
 from test_verify import ORDERS_DDL, PIPELINE, build, execute
 
 SCRIPT = Path(sys.executable).parent / "airflow-eos"
