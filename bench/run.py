@@ -774,7 +774,7 @@ def _version(module: str) -> str:
 def machine_info(pg_url: str) -> dict:
     import psycopg
 
-    from airflow_eos.testing.services import tansu_binary
+    from airflow_eos.embedded import tansu_binary
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -859,7 +859,7 @@ def main(argv: list[str] | None = None) -> int:
     import psycopg
 
     from airflow_eos.examples.transforms import ORDERS_TABLE_DDL, PARTITIONED_ORDERS_TABLE_DDL
-    from airflow_eos.testing.services import SparkConnectServer, kafka_service, postgres_service
+    from airflow_eos.embedded import SparkConnectServer, kafka_service, postgres_service
 
     results: dict = {"sizes": {}}
     with kafka_service() as kafka, postgres_service() as pg, SparkConnectServer(f"local[{args.cores}]") as connect:

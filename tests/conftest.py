@@ -11,6 +11,13 @@ import shutil
 import tempfile
 import uuid
 
+# tests/harness imports as `harness` here (pytest's `pythonpath`); the children a
+# test starts do not get pytest's sys.path: spark-submit given --transform
+# harness.chaos:spark_transform, its Spark workers, Airflow subprocesses. They get
+# tests/ on PYTHONPATH (Spark passes it on to its Python workers).
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TESTS, os.environ.get("PYTHONPATH")) if p)
+
 # Airflow reads its configuration at import: point it at a throwaway home before
 # anything can import it.
 _AIRFLOW_HOME = tempfile.mkdtemp(prefix="eos-airflow-home-")
@@ -25,7 +32,7 @@ import pytest  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from airflow_eos.testing.services import kafka_service, postgres_service  # noqa: E402
+from airflow_eos.embedded import kafka_service, postgres_service  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,1 +1,2 @@
-"""The example pipelines of dags/ and the demo: transforms and target tables."""
+"""The example pipelines of dags/ and the demo: transforms, target tables, and the
+demo's DAG (examples/dags/, shipped in the wheel; dags/orders_hourly.py imports it)."""

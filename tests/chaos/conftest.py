@@ -1,7 +1,7 @@
 """Fault-injection suite: shared source data, one ledger database, per-scenario
 pipelines and target tables, and the session's tally.
 
-Every scenario ends with ``airflow_eos.testing.chaos.check`` (verify against
+Every scenario ends with ``harness.chaos.check`` (verify against
 Kafka clean, totals, no live attempt or staging left) and reports here; the
 session ends with one line: ``chaos: N scenarios, M randomized schedules, V
 violations``.
@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.testing import chaos
+from harness import chaos
 
 HOURS = 6  # windows available in the shared topic
 PER_HOUR = 12  # records per partition and hour

@@ -19,8 +19,8 @@ import pytest
 from airflow_eos.core.attempt import load_offsets
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.verify import verify
-from airflow_eos.testing import chaos
-from airflow_eos.testing.chaos import HOUR, T0, Verdict
+from harness import chaos
+from harness.chaos import HOUR, T0, Verdict
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ def test_commit_task_failing_after_its_commit_retries_mirrors_and_emits_once(
     with DAG(name, schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"), start_date=T0, catchup=False,
              default_args={"retries": 1, "retry_delay": timedelta(seconds=0)}) as dag:
         exactly_once_window(pipeline=name, source=KafkaSource(topics=[topic]), target=target,
-                            transform="airflow_eos.testing.chaos:spark_transform", max_bad_records=1_000,
+                            transform="harness.chaos:spark_transform", max_bad_records=1_000,
                             mirror_group_id=group)
     register(dag)
 

@@ -26,9 +26,9 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.postgres_target import PARTITION_PER_WINDOW
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
 from airflow_eos.core.windows import WindowPlan, to_millis
-from airflow_eos.testing import chaos
-from airflow_eos.testing.chaos import HOUR, T0, Harness, Zombie, check, plan_step, stage_attempt
-from airflow_eos.testing.services import EmbeddedBroker, PostgresServer
+from airflow_eos.embedded import EmbeddedBroker, PostgresServer
+from harness import chaos
+from harness.chaos import HOUR, T0, Harness, Zombie, check, plan_step, stage_attempt
 
 WINDOWS = (0, 1)
 

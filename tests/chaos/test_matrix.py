@@ -32,7 +32,7 @@ import pytest
 from conftest import PARALLEL, new_pipeline, run_concurrently, selected_params
 
 from airflow_eos.core.faults import POINTS
-from airflow_eos.testing.chaos import ACTIONS, POINT_STEPS, RECOVERIES, Harness, check
+from harness.chaos import ACTIONS, POINT_STEPS, RECOVERIES, Harness, check
 
 WINDOWS = (0, 1)
 FAULTY = 0

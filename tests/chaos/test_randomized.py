@@ -1,6 +1,6 @@
 """Randomized fault schedules, seeded and reproducible.
 
-Each schedule (airflow_eos.testing.chaos.Schedule.draw) is drawn from its seed
+Each schedule (harness.chaos.Schedule.draw) is drawn from its seed
 alone: 2-5 windows, 0-3 random faults per window (any point, raise or crash,
 firing 1-3 times), random task retries, runs started in a random order, one at
 a time or several at once (a backfill), sometimes a window run twice at once,
@@ -24,7 +24,7 @@ import random
 import pytest
 from conftest import PARALLEL, TALLY, new_pipeline, run_concurrently, scratch_database, selected_params
 
-from airflow_eos.testing.chaos import Schedule, run_schedule
+from harness.chaos import Schedule, run_schedule
 
 N = int(os.environ.get("EOS_CHAOS_N") or 10)
 BASE = int(os.environ.get("EOS_CHAOS_SEED") or random.SystemRandom().randrange(1, 10**6))

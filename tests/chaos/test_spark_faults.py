@@ -28,7 +28,7 @@ import pytest
 
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.submit import stage_job_environment, stage_job_path
-from airflow_eos.testing.chaos import Harness, SparkStager, check, plan_step
+from harness.chaos import Harness, SparkStager, check, plan_step
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_spark_submit_killed_mid_stage(make_pipeline, tmp_path, tally):
     bin_dir = Path(sys.executable).parent
     cmd = [str(bin_dir / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
            stage_job_path(), "--plan", plan.to_json(), "--attempt", json.dumps(attempt.to_dict()),
-           "--transform", "airflow_eos.testing.chaos:spark_transform",
+           "--transform", "harness.chaos:spark_transform",
            "--max-records-per-task", str(p.max_records_per_task), "--max-bad-records", "1000000"]
     env = {**os.environ, **stage_job_environment(p.target, dict(p.kafka_config), local=True)}
     log = open(tmp_path / "spark-submit.log", "w")

@@ -31,7 +31,7 @@ from airflow_eos import PostgresTarget
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.verify import verify
 from airflow_eos.core.windows import to_millis
-from airflow_eos.testing.airflow_stack import (
+from harness.airflow_stack import (
     SMALL_MACHINE_SPARK_DEFAULTS,
     airflow_stack,
     chromium_binary,

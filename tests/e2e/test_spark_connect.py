@@ -10,7 +10,7 @@ import json
 import pytest
 
 from airflow_eos.core.attempt import staging_name
-from airflow_eos.testing.services import SparkConnectServer
+from airflow_eos.embedded import SparkConnectServer
 
 from conftest import run_window  # tests/e2e/conftest.py
 from test_orders_dag import (  # noqa: F401 - run_after is a fixture

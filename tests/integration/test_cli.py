@@ -14,8 +14,8 @@ import pytest
 from airflow_eos.cli import main, parse_duration
 from airflow_eos.core.source import KafkaLog
 from airflow_eos.core.windows import TopicPartition
-from airflow_eos.testing.leaks import PASSWORD, leaked
-from airflow_eos.testing.services import free_port
+from airflow_eos.embedded import free_port
+from harness.leaks import PASSWORD, leaked
 from test_verify import ORDERS_DDL, PIPELINE, build, execute
 
 SCRIPT = Path(sys.executable).parent / "airflow-eos"
@@ -342,3 +342,30 @@ def test_an_unreachable_broker_is_one_clear_error_naming_it(pg_url, committed, c
         librdkafka = [r for r in caplog.records if r.name == "airflow_eos.librdkafka"]
         assert len(librdkafka) < 10, [r.getMessage() for r in librdkafka]
         assert "rdkafka" not in capfd.readouterr().err
+
+
+def test_the_product_cli_has_no_bench(capsys):
+    """`make bench` runs the repository's bench/run.py; the installed CLI has no
+    benchmark command (a wheel has no bench/) (issue 17)."""
+    assert main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    for command in ("status", "verify", "sweep", "release", "demo"):
+        assert f"    {command} " in listed, listed
+    assert "bench" not in listed
+    assert main(["bench"]) == 2
+    assert "invalid choice: 'bench'" in capsys.readouterr().err
+
+
+def test_the_demo_does_not_import_the_cli():
+    """The CLI's `demo` subcommand imports the demo; the demo runs `airflow-eos
+    verify` and `status` in subprocesses instead of importing the CLI: no import
+    cycle, counting imports inside functions (issue 17)."""
+    import ast
+
+    import airflow_eos.demo
+
+    tree = ast.parse(Path(airflow_eos.demo.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not {name for name in imported if name and name.startswith("airflow_eos.cli")}, imported
+    assert "from airflow_eos import cli" not in Path(airflow_eos.demo.__file__).read_text()

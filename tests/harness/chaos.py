@@ -214,7 +214,7 @@ def transform_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[dict]]:
 
 def spark_transform(df):
     """The same rows in Spark (for run_stage and spark-submit): ``--transform
-    airflow_eos.testing.chaos:spark_transform``."""
+    harness.chaos:spark_transform``."""
     from pyspark.sql import functions as F
 
     order = F.from_json(F.col("value").cast("string"), "n bigint, amount string")
