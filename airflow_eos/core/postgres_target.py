@@ -586,8 +586,8 @@ class PostgresTarget(Sink):
         is lost, the outcome is "rolled back" unless it was lost during COMMIT
         itself; either way retrying is safe.
         """
-        from psycopg import sql
         import psycopg
+        from psycopg import sql
         started = time.monotonic()
         rows_table, dead_table = _staging_ids(attempt.staging)
         with self._connection(f"commit {attempt}", "; retrying the commit is safe") as conn, conn.transaction():
@@ -776,8 +776,8 @@ class StagingWriter:
         have ``topic``, ``partition``, ``offset``, ``error`` and optionally
         ``key``, ``value`` (bytes).
         """
-        from psycopg import sql
         import psycopg
+        from psycopg import sql
         import pyarrow as pa
         chunk = secrets.randbits(63)
         digest = hashlib.blake2b(digest_size=16)

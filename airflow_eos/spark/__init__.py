@@ -41,7 +41,9 @@ _PUBLIC = {
     **dict.fromkeys(["ERROR_COLUMN", "StageFailed", "StageReport", "TooManyBadRecords", "catch_errors", "run_stage",
                      "safe_udf"], "airflow_eos.spark.stage"),
 }
-__all__ = sorted(_PUBLIC)
+__all__ = ["ERROR_COLUMN", "FORMAT_NAME", "KAFKA_SCHEMA", "KafkaRangeSource", "StageFailed", "StageReport",
+           "TooManyBadRecords", "catch_errors", "plan_options", "read_plan", "register", "run_stage", "safe_udf",
+           "spark_session", "stop_session"]
 
 
 def __getattr__(name: str):
