@@ -14,7 +14,7 @@ from airflow.providers.common.sql.operators.sql import SQLExecuteQueryOperator
 from airflow.sdk import DAG
 from airflow.timetables.interval import CronDataIntervalTimetable
 from airflow_eos import KafkaSource, PostgresTarget, exactly_once_window
-from airflow_eos.examples.transforms import EVENTS_PER_MINUTE_TABLE_DDL
+from airflow_eos.examples.tables import EVENTS_PER_MINUTE_TABLE_DDL
 
 with DAG(
     dag_id="events_per_minute",

@@ -16,7 +16,7 @@ from airflow.providers.common.sql.operators.sql import SQLExecuteQueryOperator
 from airflow.sdk import DAG
 from airflow.timetables.interval import CronDataIntervalTimetable
 from airflow_eos import KafkaSource, PostgresTarget, exactly_once_window
-from airflow_eos.examples.transforms import PARTITIONED_ORDERS_TABLE_DDL
+from airflow_eos.examples.tables import PARTITIONED_ORDERS_TABLE_DDL
 
 with DAG(
     dag_id="orders_hourly_partitioned",

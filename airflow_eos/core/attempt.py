@@ -27,8 +27,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-
-import psycopg
+from typing import TYPE_CHECKING
 
 from airflow_eos.core.errors import (
     AttemptClosed,
@@ -41,6 +40,9 @@ from airflow_eos.core.errors import (
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import PartitionRange, TopicPartition, Window, to_utc
+
+if TYPE_CHECKING:  # psycopg is loaded by core.database.connect, not by importing the ledger
+    import psycopg
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, quote, unquote
 
-import psycopg
-
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable
+
+# psycopg is imported where a connection is made: importing this module (as
+# every DAG file does through the target) must not load it.
+if TYPE_CHECKING:
+    import psycopg
 
 MASK = "***"
 
@@ -91,6 +95,7 @@ def _secrets(url: str) -> set[str]:
 
 @functools.cache
 def _libpq_keywords() -> frozenset[str]:
+    import psycopg
     return frozenset(o.keyword.decode() for o in psycopg.pq.Conninfo.get_defaults())
 
 
@@ -149,6 +154,7 @@ def connect(url: str, purpose: str, *, autocommit: bool = True, connect_timeout:
     LedgerUnavailable, a URL libpq cannot use raises ConfigurationError; both
     redacted, and without the driver's exception chained (its text holds the
     unredacted conninfo)."""
+    import psycopg
     conninfo = libpq_url(url)
     try:
         return psycopg.connect(conninfo, autocommit=autocommit, connect_timeout=connect_timeout,

@@ -12,14 +12,16 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-
-import psycopg
+from typing import TYPE_CHECKING
 
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import LedgerUnavailable, WindowConflict
 from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS
 from airflow_eos.core.ownership import Claim
 from airflow_eos.core.windows import Cut, PartitionRange, TopicPartition, Window, WindowPlan
+
+if TYPE_CHECKING:  # psycopg is loaded by core.database.connect, not by importing the ledger
+    import psycopg
 
 log = logging.getLogger(__name__)
 

@@ -58,11 +58,7 @@ import secrets
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-
-import psycopg
-import pyarrow as pa
-import pyarrow.csv as pacsv
-from psycopg import sql
+from typing import TYPE_CHECKING
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt, Checkpoint, StagedChunk
@@ -78,6 +74,13 @@ from airflow_eos.core.database import connect, redact
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED, CommitResult, Sink
 from airflow_eos.core.windows import Window
+
+# psycopg and pyarrow are imported by the functions that use them: a DAG file
+# builds a PostgresTarget at parse time, and parsing must not load them.
+if TYPE_CHECKING:
+    import psycopg
+    import pyarrow as pa
+    from psycopg import sql
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,7 @@ def _quoted_if_needed(part: str) -> str:
 
 
 def _staging_ids(staging: str) -> tuple[sql.Identifier, sql.Identifier]:
+    from psycopg import sql
     return sql.Identifier(STAGING_SCHEMA, staging), sql.Identifier(STAGING_SCHEMA, staging + DEAD_LETTER_SUFFIX)
 
 
@@ -256,11 +260,13 @@ class PostgresTarget(Sink):
 
     @property
     def _target(self) -> sql.Identifier:
+        from psycopg import sql
         schema, table = parse_table_name(self.table)
         return sql.Identifier(table) if schema is None else sql.Identifier(schema, table)
 
     @contextlib.contextmanager
     def _connection(self, purpose: str, hint: str = "") -> Iterator[psycopg.Connection]:
+        import psycopg
         conn = connect(self._url(), purpose)
         try:
             yield conn
@@ -347,6 +353,7 @@ class PostgresTarget(Sink):
         """Open an attempt and create its empty staging, in one transaction: a
         target that cannot take the rows fails here, before any Spark work,
         leaving no attempt behind."""
+        from psycopg import sql
         with self._connection(f"begin {window}") as conn, conn.transaction():
             attempt = attempts.open_attempt(conn, window)
             shape = self._describe(conn)
@@ -383,6 +390,7 @@ class PostgresTarget(Sink):
         and CHECK constraints (checked while staging), the window columns
         defaulting to this window, and a CHECK matching the partition bound so
         that ATTACH PARTITION need not scan it. Indexes come at the seal, once."""
+        from psycopg import sql
         start, end = sql.Literal(attempt.window_start), sql.Literal(attempt.window_end)
         conn.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS"
                              " INCLUDING GENERATED)").format(rows_table, self._target))
@@ -428,6 +436,7 @@ class PostgresTarget(Sink):
         then on (a write task still running after the job's commit, a hand), so
         prepare and commit need not count it again. A duplicate key fails here,
         failing the stage with the index named, not at commit."""
+        import psycopg
         if self.mode != PARTITION_PER_WINDOW:
             return
         started = time.monotonic()
@@ -450,6 +459,7 @@ class PostgresTarget(Sink):
     @staticmethod
     def _refuse_changes(conn: psycopg.Connection, attempt: Attempt) -> None:
         """The seal proper: from now on the staging's tables refuse every change."""
+        from psycopg import sql
         for table in _staging_ids(attempt.staging):
             conn.execute(sql.SQL("CREATE TRIGGER {} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {}"
                                  " FOR EACH STATEMENT EXECUTE FUNCTION eos.refuse_change_to_sealed_staging()"
@@ -457,6 +467,7 @@ class PostgresTarget(Sink):
 
     @staticmethod
     def _unseal(conn: psycopg.Connection, attempt: Attempt) -> None:
+        from psycopg import sql
         for table in _staging_ids(attempt.staging):
             conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(SEALED_TRIGGER), table))
 
@@ -466,6 +477,7 @@ class PostgresTarget(Sink):
         its chunk committed, or a speculative copy), and check each checkpointed
         chunk holds what its task counted. Returns the rows deleted. The one
         scan of the staging in a window's life (see the module's docstring)."""
+        from psycopg import sql
         rows_table, dead_table = _staging_ids(attempt.staging)
         conn.execute(sql.SQL("LOCK TABLE {}, {} IN ACCESS EXCLUSIVE MODE").format(rows_table, dead_table))
         counts = self._count_chunks(conn, attempt)
@@ -486,6 +498,7 @@ class PostgresTarget(Sink):
         (a constraint's as that constraint), which ATTACH PARTITION then adopts
         instead of building. Named after the staging; a repeated seal (a retried
         job commit) skips those already built."""
+        from psycopg import sql
         indexes = conn.execute(
             "SELECT pg_get_indexdef(i.indexrelid), pg_get_constraintdef(c.oid),"
             " quote_ident(n.nspname) || '.' || quote_ident(t.relname)"
@@ -517,6 +530,7 @@ class PostgresTarget(Sink):
     # ------------------------------------------------------------------ prepare
 
     def count_staged(self, attempt: Attempt) -> dict[int, tuple[int, int]] | None:
+        import psycopg
         with self._connection(f"prepare {attempt}") as conn:
             try:
                 return self._count_chunks(conn, attempt)
@@ -537,6 +551,7 @@ class PostgresTarget(Sink):
     @staticmethod
     def _count_chunks(conn: psycopg.Connection, attempt: Attempt) -> dict[int, tuple[int, int]]:
         """chunk -> (rows, dead letters) in the staging."""
+        from psycopg import sql
         rows_table, dead_table = _staging_ids(attempt.staging)
         rows = conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
             sql.Identifier(CHUNK_COLUMN), rows_table)).fetchall()
@@ -571,6 +586,8 @@ class PostgresTarget(Sink):
         is lost, the outcome is "rolled back" unless it was lost during COMMIT
         itself; either way retrying is safe.
         """
+        import psycopg
+        from psycopg import sql
         started = time.monotonic()
         rows_table, dead_table = _staging_ids(attempt.staging)
         with self._connection(f"commit {attempt}", "; retrying the commit is safe") as conn, conn.transaction():
@@ -637,6 +654,7 @@ class PostgresTarget(Sink):
         return result
 
     def _delete_window(self, conn: psycopg.Connection, attempt: Attempt, shape: _Shape, committed_epoch: int) -> int:
+        from psycopg import sql
         conn.execute("DELETE FROM eos.dead_letters WHERE pipeline = %s AND window_start = %s",
                      (attempt.pipeline, attempt.window_start))
         if self.mode == PARTITION_PER_WINDOW:
@@ -651,6 +669,7 @@ class PostgresTarget(Sink):
     def _drop_partition(self, conn: psycopg.Connection, attempt: Attempt, shape: _Shape, committed_epoch: int) -> int:
         """partition_per_window's replace: drop the partition the committed
         attempt attached (only a partition of the target by that name)."""
+        from psycopg import sql
         name = attempts.staging_name(attempt.pipeline, attempt.window_start, committed_epoch)
         found = conn.execute(
             "SELECT c.oid FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
@@ -669,6 +688,7 @@ class PostgresTarget(Sink):
         partition, by catalog changes only (the seal built the indexes, the
         bound's CHECK spares ATTACH its scan). Returns the rows published: the
         checkpoint's, which the seal found in the staging (sealed since)."""
+        from psycopg import sql
         self._unseal(conn, attempt)
         partition = sql.Identifier(shape.schema, attempt.staging)
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(rows_table, sql.Identifier(CHUNK_COLUMN)))
@@ -683,6 +703,7 @@ class PostgresTarget(Sink):
     def _publish_sql(self, columns: tuple[str, ...], shape: _Shape, rows_table: sql.Identifier,
                      values: dict[str, sql.Literal]) -> sql.Composed:
         """``values``: literals of pipeline, window_start and chunks (the checkpointed chunk ids)."""
+        from psycopg import sql
         target_columns = list(columns) + (list(WINDOW_COLUMNS) if shape.window_columns else [])
         selected = [sql.Identifier(c) for c in columns]
         if shape.window_columns:
@@ -701,6 +722,7 @@ class PostgresTarget(Sink):
     # ------------------------------------------------------------------ abort
 
     def _drop_staging(self, conn: psycopg.Connection, attempt: Attempt) -> None:
+        from psycopg import sql
         for table in _staging_ids(attempt.staging):
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
 
@@ -754,6 +776,9 @@ class StagingWriter:
         have ``topic``, ``partition``, ``offset``, ``error`` and optionally
         ``key``, ``value`` (bytes).
         """
+        import psycopg
+        from psycopg import sql
+        import pyarrow as pa
         chunk = secrets.randbits(63)
         digest = hashlib.blake2b(digest_size=16)
         rows = dead = 0
@@ -812,6 +837,7 @@ class StagingWriter:
         (eos.refused_inputs, ledger migration 6), however many are refused.
         Returns the column's PostgreSQL type and, for each refused value in row
         order, its row, its text as COPY received it and the server's error."""
+        import psycopg
         rows_table, _ = _staging_ids(self.staging)
         texts = _copy_texts(values)
         conn = connect(self.url, f"check {self.staging}")
@@ -850,11 +876,10 @@ class StagingWriter:
         return list(names)
 
 
-_CSV_OPTIONS = pacsv.WriteOptions(include_header=False)
-
-
 def _csv(batch: pa.RecordBatch | pa.Table) -> pa.Buffer:
     """Arrow → PostgreSQL CSV (nulls unquoted-empty, strings quoted)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
     arrays = []
     for f, column in zip(batch.schema, batch.columns):
         t = f.type
@@ -870,7 +895,7 @@ def _csv(batch: pa.RecordBatch | pa.Table) -> pa.Buffer:
         arrays.append(column)
     table = pa.Table.from_arrays(arrays, names=batch.schema.names)
     out = pa.BufferOutputStream()
-    pacsv.write_csv(table, out, _CSV_OPTIONS)
+    pacsv.write_csv(table, out, pacsv.WriteOptions(include_header=False))
     return out.getvalue()
 
 
@@ -878,6 +903,8 @@ def _copy_texts(values: pa.Array | pa.ChunkedArray) -> list[str | None]:
     """Each value as the text COPY receives for it from :func:`_csv` (None for
     null): encoded by _csv itself and decoded as PostgreSQL's CSV input does
     (an unquoted empty field is null, a quoted one the empty string)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
     payload = _csv(pa.table({"v": values}))
     parsed = pacsv.read_csv(
         pa.BufferReader(payload),

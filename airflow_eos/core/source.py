@@ -17,9 +17,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
-from confluent_kafka import TopicPartition as KafkaTopicPartition
-
 from airflow_eos.core.errors import ConfigurationError, SourceUnavailable, UnknownTopic
 from airflow_eos.core.windows import TopicPartition
 
@@ -193,6 +190,7 @@ class KafkaLog:
     """A PartitionLog over a real Kafka (or Kafka-protocol) cluster."""
 
     def __init__(self, kafka_config: dict, *, timeout: float = 10.0):
+        from confluent_kafka import Consumer, KafkaException
         self.timeout = timeout
         # Planning reads single records at scattered offsets: fetch little and
         # prefetch nothing, or every probe pulls megabytes it then throws away.
@@ -225,6 +223,7 @@ class KafkaLog:
 
     def partitions(self, topics: list[str]) -> list[TopicPartition]:
         """Every partition of the topics; an unknown topic is an error, never empty."""
+        from confluent_kafka import KafkaError, KafkaException
         found: list[TopicPartition] = []
         for topic in topics:
             try:
@@ -248,6 +247,8 @@ class KafkaLog:
 
     def time_hint(self, tp: TopicPartition, timestamp_ms: int) -> int | None:
         """The broker's opinion of the first offset at/after a time. A hint only."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as KafkaTopicPartition
         try:
             [answer] = self._consumer.offsets_for_times(
                 [KafkaTopicPartition(tp.topic, tp.partition, timestamp_ms)], timeout=self.timeout
@@ -262,6 +263,8 @@ class KafkaLog:
 
     def _poll_from(self, tp: TopicPartition, offset: int):
         """Assign at ``offset`` and yield messages until end of partition."""
+        from confluent_kafka import OFFSET_BEGINNING, KafkaError
+        from confluent_kafka import TopicPartition as KafkaTopicPartition
         self._consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset)])
         try:
             idle_polls = 0
@@ -297,6 +300,8 @@ class KafkaLog:
     def bounds(self, tp: TopicPartition) -> Bounds:
         """Read from the beginning once: the fetch response carries the true log
         start and high watermark, which librdkafka then caches."""
+        from confluent_kafka import OFFSET_BEGINNING
+        from confluent_kafka import TopicPartition as KafkaTopicPartition
         first: int | None = None
         for msg, offset in self._poll_from(tp, OFFSET_BEGINNING):
             first = offset
@@ -340,6 +345,8 @@ class KafkaLog:
 def mirror_offsets(kafka_config: dict, group_id: str, offsets) -> None:
     """Commit a pipeline's offsets to a consumer group so lag tools see them
     (the ledger stays the source of truth)."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
     consumer = Consumer({**client_logging(), **kafka_config, "group.id": group_id, "enable.auto.commit": False})
     try:
         consumer.commit(offsets=[KafkaTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],

@@ -2,17 +2,34 @@
 
 The core takes plain values (a libpq URL, a confluent-kafka config dict) so it
 runs without Airflow in Spark executors; these hooks turn connections into them.
+The two waits of a window (plan_or_none, prepared_or_none) live here too: they
+turn connection ids into values and call the core, and both the operators (in a
+worker) and the triggers (in the triggerer) call them, so triggers import only
+hooks and the core.
+
+This module loads the Kafka and Postgres providers' hooks (confluent_kafka,
+psycopg2): operators and sensors import it when they execute, never while a DAG
+file is parsed.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
-
-from psycopg.conninfo import make_conninfo
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.providers.postgres.hooks.postgres import PostgresHook
+from airflow_eos.core.attempt import Attempt
+from airflow_eos.core.errors import WindowNotClosed
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, PlanRequest, plan_window
 from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.core.source import KafkaLog
+from airflow_eos.core.windows import Window, WindowPlan
+
+log = logging.getLogger(__name__)
 
 
 class EosKafkaHook(KafkaBaseHook):
@@ -37,6 +54,8 @@ class EosPostgresHook(PostgresHook):
 
     @property
     def ledger_url(self) -> str:
+        from psycopg.conninfo import make_conninfo
+
         conn = self.connection
         extra = conn.extra_dejson
         if extra.get("iam", False):
@@ -58,6 +77,56 @@ def resolve_target(target: PostgresTarget) -> PostgresTarget:
     if target.url:
         return target
     return target.with_url(EosPostgresHook(postgres_conn_id=target.postgres_conn_id).ledger_url)
+
+
+def ledger_for(postgres_conn_id: str) -> Ledger:
+    """The ledger in the target database, migrated to this version's schema."""
+    ledger = Ledger(EosPostgresHook(postgres_conn_id=postgres_conn_id).ledger_url)
+    ledger.migrate()
+    return ledger
+
+
+def plan_or_none(
+    *,
+    pipeline: str,
+    topics: Sequence[str],
+    window_start: str,
+    window_end: str,
+    idle_partition_grace_seconds: float,
+    kafka_conn_id: str,
+    postgres_conn_id: str,
+    # Defaults: triggers serialised by a version without these arguments still run.
+    max_timestamp_skew_seconds: float = DEFAULT_MAX_TIMESTAMP_SKEW.total_seconds(),
+    on_skewed_timestamp: str = ON_SKEWED_FAIL,
+    dag_id: str | None = None,
+    target_id: str | None = None,
+    target_exclusive: bool = False,
+) -> WindowPlan | None:
+    """The window's frozen plan, or None while the window is not closed.
+
+    ``dag_id``, ``target_id`` and ``target_exclusive`` are the plan's claim on
+    the pipeline (see core/ownership.py); None where the caller does not know
+    (a trigger serialised by an older version names neither)."""
+    request = PlanRequest(Window(pipeline, window_start, window_end), tuple(topics),
+                          timedelta(seconds=idle_partition_grace_seconds),
+                          timedelta(seconds=max_timestamp_skew_seconds), on_skewed_timestamp,
+                          dag_id=dag_id, target_id=target_id, target_exclusive=target_exclusive)
+    with KafkaLog(EosKafkaHook(kafka_config_id=kafka_conn_id).kafka_config) as kafka_log:
+        try:
+            return plan_window(ledger_for(postgres_conn_id), kafka_log, request)
+        except WindowNotClosed as exc:
+            log.info("%s", exc)
+            return None
+
+
+def prepared_or_none(*, target: dict, attempt: dict) -> str | None:
+    """Prepare the attempt: its detail once prepared, None while its checkpoint is
+    not written yet. Raises when waiting cannot help (fenced, aborted, incomplete)."""
+    readiness = resolve_target(PostgresTarget(**target)).prepare(Attempt.from_dict(attempt))
+    if not readiness.prepared:
+        log.info("%s", readiness.detail)
+        return None
+    return readiness.detail
 
 
 # Connection extras that are libpq parameters (the rest are the hook's own).

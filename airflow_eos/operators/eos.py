@@ -8,7 +8,6 @@ and calls one core function; the protocol itself lives in the core.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -19,70 +18,22 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator, BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_eos.core.attempt import Attempt
-from airflow_eos.core.errors import OwnershipConflict, SkewedTimestamp, WindowNotClosed
+from airflow_eos.core.errors import OwnershipConflict, SkewedTimestamp
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.plan import (
-    DEFAULT_MAX_TIMESTAMP_SKEW,
-    ON_SKEWED_FAIL,
-    PlanRequest,
-    check_skew_rule,
-    plan_window,
-)
+from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
 from airflow_eos.core.postgres_target import PostgresTarget
-from airflow_eos.core.source import KafkaLog, KafkaSource, mirror_offsets
+from airflow_eos.core.source import KafkaSource, mirror_offsets
 from airflow_eos.core.windows import Window, WindowPlan
-from airflow_eos.hooks.eos import EosKafkaHook, EosPostgresHook, resolve_target
 from airflow_eos.spark.submit import job_error, stage_job_environment, stage_job_path
 from airflow_eos.spark.transform import check_transform, parse_transform
-from airflow_eos.triggers.eos import WindowClosedTrigger
 
-log = logging.getLogger(__name__)
+# The hooks (and the triggers, which import them) are imported in execute: they
+# load the Kafka and Postgres providers' clients, which parsing a DAG must not.
 
 DATA_INTERVAL_START = "{{ data_interval_start }}"
 # Plan errors that a retry cannot change: the task fails at once, keeping its retries.
 _TERMINAL_PLAN_ERRORS = (OwnershipConflict, SkewedTimestamp)
 DATA_INTERVAL_END = "{{ data_interval_end }}"
-
-
-def ledger_for(postgres_conn_id: str) -> Ledger:
-    """The ledger in the target database, migrated to this version's schema."""
-    ledger = Ledger(EosPostgresHook(postgres_conn_id=postgres_conn_id).ledger_url)
-    ledger.migrate()
-    return ledger
-
-
-def plan_or_none(
-    *,
-    pipeline: str,
-    topics: Sequence[str],
-    window_start: str,
-    window_end: str,
-    idle_partition_grace_seconds: float,
-    kafka_conn_id: str,
-    postgres_conn_id: str,
-    # Defaults: triggers serialised by a version without these arguments still run.
-    max_timestamp_skew_seconds: float = DEFAULT_MAX_TIMESTAMP_SKEW.total_seconds(),
-    on_skewed_timestamp: str = ON_SKEWED_FAIL,
-    dag_id: str | None = None,
-    target_id: str | None = None,
-    target_exclusive: bool = False,
-) -> WindowPlan | None:
-    """The window's frozen plan, or None while the window is not closed.
-
-    ``dag_id``, ``target_id`` and ``target_exclusive`` are the plan's claim on
-    the pipeline (see core/ownership.py); None where the caller does not know
-    (a trigger serialised by an older version names neither)."""
-    request = PlanRequest(Window(pipeline, window_start, window_end), tuple(topics),
-                          timedelta(seconds=idle_partition_grace_seconds),
-                          timedelta(seconds=max_timestamp_skew_seconds), on_skewed_timestamp,
-                          dag_id=dag_id, target_id=target_id, target_exclusive=target_exclusive)
-    with KafkaLog(EosKafkaHook(kafka_config_id=kafka_conn_id).kafka_config) as kafka_log:
-        try:
-            return plan_window(ledger_for(postgres_conn_id), kafka_log, request)
-        except WindowNotClosed as exc:
-            log.info("%s", exc)
-            return None
 
 
 class EosPlanWindowOperator(BaseSensorOperator):
@@ -177,6 +128,8 @@ class EosPlanWindowOperator(BaseSensorOperator):
         }
 
     def _plan_or_none(self) -> WindowPlan | None:
+        from airflow_eos.hooks.eos import plan_or_none
+
         try:
             return plan_or_none(**self._plan_kwargs)
         except _TERMINAL_PLAN_ERRORS as exc:  # the same plan fails the same way on every retry
@@ -196,6 +149,8 @@ class EosPlanWindowOperator(BaseSensorOperator):
         if plan is not None:
             self._log_plan(plan)
             return plan.to_dict()
+        from airflow_eos.triggers.eos import WindowClosedTrigger
+
         self.defer(
             trigger=WindowClosedTrigger(poll_interval=self.poke_interval, **self._plan_kwargs),
             method_name="execute_complete",
@@ -287,6 +242,8 @@ class EosSparkStageOperator(SparkSubmitOperator):
     def execute(self, context) -> dict:
         # Before an attempt is opened and ~20 s of spark-submit are spent on a job that cannot load it.
         check_transform(self.transform, shipped=bool(self.py_files))
+        from airflow_eos.hooks.eos import EosKafkaHook, resolve_target
+
         plan = WindowPlan.from_dict(self.plan)
         target = resolve_target(self.target)
         attempt = target.begin(plan.window)
@@ -412,6 +369,8 @@ class EosCommitOperator(BaseOperator):
         self.kafka_conn_id = kafka_conn_id
 
     def execute(self, context) -> dict:
+        from airflow_eos.hooks.eos import EosKafkaHook, resolve_target
+
         attempt = Attempt.from_dict(self.attempt)
         result = resolve_target(self.target).commit(attempt)
         self.log.info("%s", result)
@@ -466,6 +425,8 @@ class EosAbortOperator(BaseOperator):
         self.window_end = window_end
 
     def execute(self, context) -> list[int]:
+        from airflow_eos.hooks.eos import resolve_target
+
         window = Window(self.pipeline, str(self.window_start), str(self.window_end))
         reason = f"aborted by {self.task_id} of run {context['run_id']}"
         aborted = resolve_target(self.target).abort_window(window, reason)

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
-from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.postgres_target import PostgresTarget
-from airflow_eos.hooks.eos import resolve_target
-from airflow_eos.triggers.eos import CheckpointTrigger
 
-log = logging.getLogger(__name__)
-
-
-def prepared_or_none(*, target: dict, attempt: dict) -> str | None:
-    """Prepare the attempt: its detail once prepared, None while its checkpoint is
-    not written yet. Raises when waiting cannot help (fenced, aborted, incomplete)."""
-    readiness = resolve_target(PostgresTarget(**target)).prepare(Attempt.from_dict(attempt))
-    if not readiness.prepared:
-        log.info("%s", readiness.detail)
-        return None
-    return readiness.detail
+# The hooks (and the trigger, which imports them) are imported when the sensor
+# runs: they load the Postgres provider's client, which parsing a DAG must not.
 
 
 class EosCheckpointSensor(BaseSensorOperator):
@@ -63,6 +50,8 @@ class EosCheckpointSensor(BaseSensorOperator):
         return {"target": _target_kwargs(self.target), "attempt": dict(self.attempt)}
 
     def poke(self, context) -> PokeReturnValue:
+        from airflow_eos.hooks.eos import prepared_or_none
+
         detail = prepared_or_none(**self._kwargs())
         if detail is None:
             return PokeReturnValue(is_done=False)
@@ -72,6 +61,9 @@ class EosCheckpointSensor(BaseSensorOperator):
     def execute(self, context) -> Any:
         if not self.deferrable:
             return super().execute(context)
+        from airflow_eos.hooks.eos import prepared_or_none
+        from airflow_eos.triggers.eos import CheckpointTrigger
+
         detail = prepared_or_none(**self._kwargs())
         if detail is not None:
             self.log.info("%s", detail)

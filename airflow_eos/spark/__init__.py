@@ -3,28 +3,54 @@ plan's Kafka offset ranges, the stage job that transforms and stages them
 (run_stage; job.py for spark-submit), helpers for transforms whose records may
 fail (safe_udf, catch_errors), and a helper that builds a correctly configured session.
 
-Importing this package imports pyspark; the core never does.
+The names below load pyspark when first used, not when the package is imported:
+the operators import its pyspark-free modules (submit, transform) while a DAG
+file is parsed. The core never imports this package.
 """
 
-from airflow_eos.spark.kafka_source import (
-    FORMAT_NAME,
-    KAFKA_SCHEMA,
-    KafkaRangeSource,
-    plan_options,
-    read_plan,
-    register,
-)
-from airflow_eos.spark.session import spark_session, stop_session
-from airflow_eos.spark.stage import (
-    ERROR_COLUMN,
-    StageFailed,
-    StageReport,
-    TooManyBadRecords,
-    catch_errors,
-    run_stage,
-    safe_udf,
-)
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_eos.spark.kafka_source import (
+        FORMAT_NAME,
+        KAFKA_SCHEMA,
+        KafkaRangeSource,
+        plan_options,
+        read_plan,
+        register,
+    )
+    from airflow_eos.spark.session import spark_session, stop_session
+    from airflow_eos.spark.stage import (
+        ERROR_COLUMN,
+        StageFailed,
+        StageReport,
+        TooManyBadRecords,
+        catch_errors,
+        run_stage,
+        safe_udf,
+    )
+
+# public name -> the module that defines it
+_PUBLIC = {
+    **dict.fromkeys(["FORMAT_NAME", "KAFKA_SCHEMA", "KafkaRangeSource", "plan_options", "read_plan", "register"],
+                    "airflow_eos.spark.kafka_source"),
+    **dict.fromkeys(["spark_session", "stop_session"], "airflow_eos.spark.session"),
+    **dict.fromkeys(["ERROR_COLUMN", "StageFailed", "StageReport", "TooManyBadRecords", "catch_errors", "run_stage",
+                     "safe_udf"], "airflow_eos.spark.stage"),
+}
 __all__ = ["ERROR_COLUMN", "FORMAT_NAME", "KAFKA_SCHEMA", "KafkaRangeSource", "StageFailed", "StageReport",
            "TooManyBadRecords", "catch_errors", "plan_options", "read_plan", "register", "run_stage", "safe_udf",
            "spark_session", "stop_session"]
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'airflow_eos.spark' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

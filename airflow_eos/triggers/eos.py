@@ -4,7 +4,8 @@ Both waits of a window (for the window to close, for the checkpoint to be
 durable) are the same loop: ask the ledger/broker a yes/no/fail question every
 ``poll_interval`` seconds. The question is a core call, run in a thread because
 the core is synchronous; the triggers serialise only plain values and connection
-ids, never secrets.
+ids, never secrets. The questions live with the hooks (hooks/eos.py): triggers
+import only hooks and the core, never the operators or sensors that defer to them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from asgiref.sync import sync_to_async
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_eos.core.errors import EosError
+from airflow_eos.hooks.eos import plan_or_none, prepared_or_none
 
 
 class _PollingTrigger(BaseTrigger):
@@ -53,8 +55,6 @@ class WindowClosedTrigger(_PollingTrigger):
     (or idled past the grace)."""
 
     def check(self) -> dict | None:
-        from airflow_eos.operators.eos import plan_or_none  # noqa: PLC0415 - avoid import cycle
-
         plan = plan_or_none(**self.kwargs)
         return None if plan is None else {"plan": plan.to_dict()}
 
@@ -63,7 +63,5 @@ class CheckpointTrigger(_PollingTrigger):
     """Fires once the attempt's checkpoint is durable and complete (prepared)."""
 
     def check(self) -> dict | None:
-        from airflow_eos.sensors.eos import prepared_or_none  # noqa: PLC0415 - avoid import cycle
-
         detail = prepared_or_none(**self.kwargs)
         return None if detail is None else {"detail": detail}

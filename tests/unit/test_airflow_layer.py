@@ -206,9 +206,9 @@ def test_the_stage_runs_on_spark_connect_when_its_connection_is_a_spark_connect_
 def test_a_transform_that_cannot_load_fails_the_stage_before_anything_is_opened(transform, headline, monkeypatch):
     """Accepted at parse time (the syntax is right); the task fails at once,
     the cause first, before it reads a connection or opens an attempt."""
-    import airflow_eos.operators.eos as operators
+    import airflow_eos.hooks.eos as hooks
 
-    monkeypatch.setattr(operators, "resolve_target", lambda target: pytest.fail("an attempt would be opened"))
+    monkeypatch.setattr(hooks, "resolve_target", lambda target: pytest.fail("an attempt would be opened"))
     with DAG("d4", schedule=None, start_date=T0):
         stage = EosSparkStageOperator(task_id="s", plan={}, source=SOURCE, target=TARGET, transform=transform)
     with pytest.raises(ConfigurationError) as caught:
