@@ -212,7 +212,7 @@ class EmbeddedBroker:
 # --------------------------------------------------------------------------- Spark Connect
 
 
-CONNECT_SERVER_APP = Path(__file__).resolve().parents[1] / "spark" / "connect_server.py"
+CONNECT_SERVER_APP = Path(__file__).resolve().parent / "spark" / "connect_server.py"
 
 
 class SparkConnectServer:
