@@ -811,12 +811,8 @@ class StagingWriter:
                             digest.update(repr(record).encode())
                             dl_copy.write_row((chunk, *record))
                             dead += 1
-        except psycopg.OperationalError as exc:
-            raise LedgerUnavailable(f"staging into {self.staging} for {self.target}: lost the database "
-                                    f"{redact(self.url)}: {redact(str(exc), self.url)}") from exc
-        except psycopg.errors.UndefinedTable as exc:
-            raise TargetError(f"staging table {STAGING_SCHEMA}.{self.staging} of {self.target} does not exist: "
-                              "its attempt was aborted or committed") from exc
+        except (psycopg.OperationalError, psycopg.errors.UndefinedTable) as exc:
+            raise self._staging_error(exc, f"staging into {self.staging} for {self.target}") from exc
         except psycopg.Error as exc:
             raise TargetError(f"cannot stage rows for {self.target} into {STAGING_SCHEMA}.{self.staging}: "
                               f"{_pg_message(exc)}") from exc
@@ -829,6 +825,16 @@ class StagingWriter:
         log.info("staged chunk %d into %s: %d rows, %d dead letters in %.2fs (%.0f rows/s)", chunk, self.staging,
                  rows, dead, seconds, rows / seconds if seconds else 0)
         return StagedChunk(chunk, rows, dead, digest.hexdigest())
+
+    def _staging_error(self, exc: Exception, doing: str) -> Exception:
+        """What write and refused_values raise for the two failures they share:
+        the database lost (redacted) or the staging gone (its attempt ended)."""
+        import psycopg
+
+        if isinstance(exc, psycopg.errors.UndefinedTable):
+            return TargetError(f"staging table {STAGING_SCHEMA}.{self.staging} of {self.target} does not exist: "
+                               "its attempt was aborted or committed")
+        return LedgerUnavailable(f"{doing}: lost the database {redact(self.url)}: {redact(str(exc), self.url)}")
 
     def refused_values(self, column: str,
                        values: pa.Array | pa.ChunkedArray) -> tuple[str, list[tuple[int, str, str]]]:
@@ -853,12 +859,8 @@ class StagingWriter:
                                       f"column {column!r}")
                 refused = conn.execute("SELECT ordinal - 1, error FROM eos.refused_inputs(%s::regclass, %s, %s)"
                                        " ORDER BY ordinal", (rows_table.as_string(conn), column, texts)).fetchall()
-        except psycopg.OperationalError as exc:
-            raise LedgerUnavailable(f"checking values for {self.target}: lost the database {redact(self.url)}: "
-                                    f"{redact(str(exc), self.url)}") from exc
-        except psycopg.errors.UndefinedTable as exc:
-            raise TargetError(f"staging table {STAGING_SCHEMA}.{self.staging} of {self.target} does not exist: "
-                              "its attempt was aborted or committed") from exc
+        except (psycopg.OperationalError, psycopg.errors.UndefinedTable) as exc:
+            raise self._staging_error(exc, f"checking values for {self.target}") from exc
         except psycopg.errors.UndefinedFunction as exc:
             raise TargetError(f"the ledger of {redact(self.url)} lacks eos.refused_inputs: migrate it "
                               "(Ledger.migrate, version 6)") from exc
