@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from airflow_eos.core.postgres_target import PostgresTarget
+    from airflow_eos.targets.postgres.target import PostgresTarget
     from airflow_eos.core.source import KafkaSource
     from airflow_eos.window import exactly_once_window
 
@@ -26,7 +26,7 @@ __all__ = ["KafkaSource", "PostgresTarget", "exactly_once_window"]
 # public name -> the module that defines it
 _PUBLIC = {
     "KafkaSource": "airflow_eos.core.source",
-    "PostgresTarget": "airflow_eos.core.postgres_target",
+    "PostgresTarget": "airflow_eos.targets.postgres.target",
     "exactly_once_window": "airflow_eos.window",
 }
 

@@ -27,9 +27,9 @@ from airflow_eos.core import attempt as attempts
 from airflow_eos.core.errors import EosError
 from airflow_eos.core.database import redact
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.source import KafkaLog
-from airflow_eos.core.verify import VerifyReport, verify
+from airflow_eos.verify import VerifyReport, verify
 from airflow_eos.core.windows import TopicPartition
 
 PROG = "airflow-eos"

@@ -20,7 +20,7 @@ from typing import Any
 from airflow.sdk import Asset, TaskGroup
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
-from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.source import KafkaSource
 from airflow_eos.operators.eos import (
     EosAbortOperator,

@@ -230,7 +230,7 @@ def raw_copy(url: str, table, connections: int, meter: CpuMeter) -> tuple[int, f
     parallel, each in one transaction, into an empty table shaped like the target."""
     import psycopg
 
-    from airflow_eos.core.postgres_target import _csv
+    from airflow_eos.targets.postgres.target import _csv
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {COPY_TABLE}")
@@ -490,7 +490,7 @@ class Capture:
     def install(self) -> None:
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-        from airflow_eos.core.postgres_target import PostgresTarget
+        from airflow_eos.targets.postgres.target import PostgresTarget
 
         capture = self
         process_log = SparkSubmitHook._process_spark_submit_log
@@ -577,7 +577,7 @@ def run_exactly_once(dag, size: int, url: str, capture: Capture, run_after: date
 def run_at_least_once(size: int, url: str, bootstrap: str, ends: dict[int, int], group: str) -> dict:
     """spark-submit of this file's alo-job with the stage operator's conf."""
     from airflow_eos.spark.submit import stage_job_environment
-    from airflow_eos.core.postgres_target import PostgresTarget
+    from airflow_eos.targets.postgres.target import PostgresTarget
 
     _fresh_alo_table(url)
     env = {**os.environ, **stage_job_environment(PostgresTarget(url, ALO_TABLE), {"bootstrap.servers": bootstrap},
@@ -638,7 +638,7 @@ def at_least_once(spark, url: str, bootstrap: str, group: str, ends: dict[int, i
         def write(self, iterator):
             import psycopg
 
-            from airflow_eos.core.postgres_target import _csv
+            from airflow_eos.targets.postgres.target import _csv
 
             with psycopg.connect(self.url) as conn, conn.transaction(), conn.cursor() as cur:
                 cur.execute("SET LOCAL TIME ZONE 'UTC'")

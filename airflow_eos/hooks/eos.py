@@ -25,7 +25,7 @@ from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.errors import WindowNotClosed
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, PlanRequest, plan_window
-from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.source import KafkaLog
 from airflow_eos.core.windows import Window, WindowPlan
 

@@ -21,7 +21,7 @@ from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.errors import OwnershipConflict, SkewedTimestamp
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
-from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.source import KafkaSource, mirror_offsets
 from airflow_eos.core.windows import Window, WindowPlan
 from airflow_eos.spark.submit import job_error, stage_job_environment, stage_job_path

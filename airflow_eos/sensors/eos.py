@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
-from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.targets.postgres.target import PostgresTarget
 
 # The hooks (and the trigger, which imports them) are imported when the sensor
 # runs: they load the Postgres provider's client, which parsing a DAG must not.

@@ -129,7 +129,7 @@ from airflow_eos.core.errors import (
     WindowNotPlanned,
 )
 from airflow_eos.core.database import connect, redact
-from airflow_eos.core.postgres_target import LINEAGE_COLUMNS, PostgresTarget, StagingWriter, parse_table_name
+from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS, PostgresTarget, StagingWriter, parse_table_name
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.kafka_source import (
     DEFAULT_MAX_RECORDS_PER_TASK,

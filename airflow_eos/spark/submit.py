@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from airflow_eos.core.database import redact
-from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.targets.postgres.target import PostgresTarget
 
 TARGET_ENV = "EOS_TARGET_JSON"
 KAFKA_CONFIG_ENV = "EOS_KAFKA_CONFIG_JSON"

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_eos.core.attempt import load_offsets
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.verify import verify
+from airflow_eos.verify import verify
 from harness import chaos
 from harness.chaos import HOUR, T0, Verdict
 

@@ -23,7 +23,7 @@ from conftest import new_pipeline
 
 from airflow_eos.core.errors import AttemptFenced, LedgerUnavailable, NotPrepared
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.postgres_target import PARTITION_PER_WINDOW
+from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
 from airflow_eos.core.windows import WindowPlan, to_millis
 from airflow_eos.embedded import EmbeddedBroker, PostgresServer

@@ -29,7 +29,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from airflow_eos import PostgresTarget
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.verify import verify
+from airflow_eos.verify import verify
 from airflow_eos.core.windows import to_millis
 from harness.airflow_stack import (
     SMALL_MACHINE_SPARK_DEFAULTS,

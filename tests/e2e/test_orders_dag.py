@@ -17,7 +17,7 @@ from confluent_kafka.admin import NewTopic
 
 from airflow_eos import PostgresTarget
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.verify import verify
+from airflow_eos.verify import verify
 from airflow_eos.core.windows import to_millis
 
 from conftest import register_dag, run_window, states  # tests/e2e/conftest.py

@@ -89,7 +89,7 @@ def test_too_many_bad_records_on_the_server_fail_with_a_clear_error_and_leave_no
     import psycopg
 
     from airflow_eos.core.ledger import Ledger
-    from airflow_eos.core.postgres_target import PostgresTarget
+    from airflow_eos.targets.postgres.target import PostgresTarget
     from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
     from airflow_eos.examples.transforms import ORDERS_TABLE_DDL
     from airflow_eos.spark.session import spark_session, stop_session

@@ -75,9 +75,9 @@ from airflow_eos.core.faults import STATE_ENV as FAULTS_STATE_ENV
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest, plan_window
-from airflow_eos.core.postgres_target import PARTITION_PER_WINDOW, STAGING_SCHEMA, PostgresTarget
+from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW, STAGING_SCHEMA, PostgresTarget
 from airflow_eos.core.source import KafkaLog, mirror_offsets
-from airflow_eos.core.verify import VerifyReport, verify
+from airflow_eos.verify import VerifyReport, verify
 from airflow_eos.core.windows import TopicPartition, Window, WindowPlan, to_millis
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ def run(*argv):
 
 @pytest.fixture
 def orders(pg_url, ledger):
-    from airflow_eos.core.postgres_target import PostgresTarget
+    from airflow_eos.targets.postgres.target import PostgresTarget
 
     execute(pg_url, ORDERS_DDL)
     return PostgresTarget(pg_url, "orders")
@@ -232,7 +232,7 @@ def test_console_script_runs_without_airflow(pg_url, kafka_config, committed):
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 1 and "VIOLATIONS: 2" in done.stdout
 
-    done = subprocess.run([sys.executable, "-c", "import sys, airflow_eos.cli, airflow_eos.core.verify;"
+    done = subprocess.run([sys.executable, "-c", "import sys, airflow_eos.cli, airflow_eos.verify;"
                                                  " print(sorted(m for m in sys.modules if m.split('.')[0] == 'airflow'))"],
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr

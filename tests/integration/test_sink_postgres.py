@@ -26,7 +26,7 @@ from airflow_eos.core.errors import (
     TargetError,
     WindowNotPlanned,
 )
-from airflow_eos.core.postgres_target import PARTITION_PER_WINDOW, PostgresTarget, StagingWriter
+from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW, PostgresTarget, StagingWriter
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED
 from airflow_eos.core.windows import TopicPartition, Window
 

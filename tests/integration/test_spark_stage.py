@@ -28,7 +28,7 @@ from psycopg import sql
 from airflow_eos.core.attempt import load_checkpoint
 from airflow_eos.core.errors import AttemptClosed, AttemptFenced, ConfigurationError, WindowConflict
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
 from airflow_eos.spark.kafka_source import READER_KAFKA_DEFAULTS
 

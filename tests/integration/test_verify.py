@@ -17,13 +17,13 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-from airflow_eos.core import verify as v
+from airflow_eos import verify as v
 from airflow_eos.core.attempt import ConsumedRange
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, TargetError
 from airflow_eos.core.plan import PlanRequest, plan_window
-from airflow_eos.core.postgres_target import PostgresTarget
+from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.source import KafkaLog
-from airflow_eos.core.verify import verify
+from airflow_eos.verify import verify
 from airflow_eos.core.windows import Cut, PartitionRange, TopicPartition, Window, WindowPlan, to_millis
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)

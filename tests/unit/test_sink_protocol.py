@@ -21,7 +21,7 @@ from airflow_eos.core.attempt import (
     chunk_problems,
 )
 from airflow_eos.core.errors import ConfigurationError, InvalidCheckpoint
-from airflow_eos.core.postgres_target import PostgresTarget, StagingWriter, _csv, parse_table_name
+from airflow_eos.targets.postgres.target import PostgresTarget, StagingWriter, _csv, parse_table_name
 from airflow_eos.core.windows import PartitionRange
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)

@@ -51,7 +51,7 @@ from airflow_eos.core.errors import (
 )
 from airflow_eos.core.ledger import Ledger, redact
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, held_behind, records_after
-from airflow_eos.core.postgres_target import LINEAGE_COLUMNS, WINDOW_COLUMNS, PostgresTarget, parse_table_name
+from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS, WINDOW_COLUMNS, PostgresTarget, parse_table_name
 from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog, consumer_config
 from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
 

@@ -1,0 +1,6 @@
+"""The PostgreSQL target: windows published into a table in one transaction
+with the pipeline's offsets (the ledger shares the database)."""
+
+from airflow_eos.targets.postgres.target import PostgresTarget
+
+__all__ = ["PostgresTarget"]
