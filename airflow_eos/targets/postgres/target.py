@@ -58,7 +58,7 @@ import secrets
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt, Checkpoint, StagedChunk
@@ -73,6 +73,7 @@ from airflow_eos.core.errors import (
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED, CommitResult, Sink
+from airflow_eos.core.target import POSTGRES, ConnectionRef, TargetSpec
 from airflow_eos.core.windows import Window
 
 # psycopg and pyarrow are imported by the functions that use them: a DAG file
@@ -169,8 +170,12 @@ class _Shape:
 
 
 @dataclass(frozen=True)
-class PostgresTarget(Sink):
+class PostgresTarget(TargetSpec, Sink):
     """A PostgreSQL table as a two-phase-commit target.
+
+    The spec and its sink are one object here: bound to its database URL (by
+    the hook, from ``postgres_conn_id``, or given ``url`` outside Airflow), a
+    PostgresTarget is the Sink (``sink()`` returns it).
 
     - ``url``: the target database, which also holds the ledger (schema ``eos``).
     - ``table``: ``table`` or ``schema.table`` (see parse_table_name). It must
@@ -203,6 +208,8 @@ class PostgresTarget(Sink):
     # operators resolve it (with_url) where the connection can be read.
     postgres_conn_id: str = "postgres_default"
 
+    kind: ClassVar[str] = "postgres"
+
     def __post_init__(self) -> None:
         if not self.table or not isinstance(self.table, str):
             raise ConfigurationError("PostgresTarget needs table='table' or table='schema.table'")
@@ -230,6 +237,49 @@ class PostgresTarget(Sink):
 
     def with_url(self, url: str) -> "PostgresTarget":
         return dataclasses.replace(self, url=url)
+
+    # ------------------------------------------------------------------ the spec (core/target.py)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "url": self.url, "table": self.table, "mode": self.mode, "key": list(self.key),
+                "on_committed": self.on_committed,
+                "columns": list(self.columns) if self.columns is not None else None,
+                "postgres_conn_id": self.postgres_conn_id}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> "PostgresTarget":
+        fields = dict(fields)
+        fields["key"] = tuple(fields.get("key") or ())
+        if fields.get("columns") is not None:
+            fields["columns"] = tuple(fields["columns"])
+        return cls(**fields)
+
+    def connections(self) -> tuple[ConnectionRef, ...]:
+        return () if self.url else (ConnectionRef("ledger", POSTGRES, self.postgres_conn_id),)
+
+    def bind(self, values: Mapping[str, Any]) -> "PostgresTarget":
+        return self if self.url else self.with_url(values["ledger"])
+
+    def sink(self) -> "PostgresTarget":
+        self._url()
+        return self
+
+    @property
+    def ledger_conn_id(self) -> str:
+        return self.postgres_conn_id
+
+    @property
+    def asset_uri(self) -> str:
+        return f"eos://{self.postgres_conn_id}/{self.table}"
+
+    @property
+    def label(self) -> str:
+        return self.table
+
+    def check_for_dag(self) -> None:
+        if self.url:
+            raise ConfigurationError("in a DAG, name the target database with postgres_conn_id, not a URL: "
+                                     "a URL would put its password into the DAG and the task logs")
 
     def _url(self) -> str:
         if not self.url:

@@ -1,0 +1,152 @@
+"""A target: a serializable spec that builds its runtime Sink.
+
+The DAG author builds a spec (``PostgresTarget(table=..., postgres_conn_id=...)``).
+The spec is plain values, and travels in one format, :meth:`TargetSpec.to_dict`
+(``{"kind": "postgres", ...}``): to triggers, into the spark-submit environment,
+into Spark Connect options, into XCom. It names the Airflow connections it needs
+(:meth:`TargetSpec.connections`) without reading them: the hook layer resolves
+each one into a value (a libpq URL, a librdkafka config) where the connection
+can be read, and :meth:`TargetSpec.bind` returns the spec with those values,
+from which :meth:`TargetSpec.sink` builds the runtime
+:class:`~airflow_eos.core.sink.Sink`.
+
+Operators, the sensor, the triggers, the steps and ``verify`` know only this
+interface; no ``isinstance`` on a concrete target outside its own package. A new
+target is a package under ``airflow_eos/targets/`` with a spec class whose
+``kind`` is registered below (or by a third-party package, under the entry
+point group ``airflow_eos.targets``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow_eos.core.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from airflow_eos.core.sink import Sink
+
+# kind -> "module:Class" of the targets that ship with the package.
+BUILTIN_KINDS = {
+    "postgres": "airflow_eos.targets.postgres:PostgresTarget",
+}
+ENTRY_POINT_GROUP = "airflow_eos.targets"
+
+# The connection types the hook layer knows how to resolve, and into what.
+POSTGRES = "postgres"  # -> a libpq URL (the ledger always lives in a PostgreSQL database)
+KAFKA = "kafka"  # -> a librdkafka configuration dict
+
+
+@dataclass(frozen=True)
+class ConnectionRef:
+    """An Airflow connection a target needs, by the role it plays for the target."""
+
+    role: str  # the key of its value in bind(): "ledger", "kafka", ...
+    conn_type: str  # POSTGRES | KAFKA
+    conn_id: str
+
+
+class TargetSpec(ABC):
+    """What a DAG says about a target; immutable plain values.
+
+    Subclasses are frozen dataclasses with a class attribute ``kind``.
+    """
+
+    kind: ClassVar[str]
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON-able values, with ``"kind"``. A bound spec includes
+        its resolved values (for the stage job's environment, never a log);
+        an unbound one names connections only and holds no secret."""
+
+    @classmethod
+    @abstractmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> "TargetSpec":
+        """The inverse of :meth:`to_dict` (without ``"kind"``)."""
+
+    @abstractmethod
+    def connections(self) -> tuple[ConnectionRef, ...]:
+        """The Airflow connections still to resolve; empty once bound."""
+
+    @abstractmethod
+    def bind(self, values: Mapping[str, Any]) -> "TargetSpec":
+        """The spec with each connection's value (``{role: value}``)."""
+
+    @abstractmethod
+    def sink(self) -> "Sink":
+        """The runtime sink of a bound spec; ConfigurationError if unbound."""
+
+    @property
+    @abstractmethod
+    def ledger_conn_id(self) -> str:
+        """The ``postgres`` connection of the database holding the ledger."""
+
+    @property
+    @abstractmethod
+    def target_id(self) -> str:
+        """The target's identity for a pipeline's claim (``postgresql:schema.table``, ...)."""
+
+    @property
+    def exclusive(self) -> bool:
+        """True if the target takes the windows of one pipeline only."""
+        return False
+
+    @property
+    @abstractmethod
+    def asset_uri(self) -> str:
+        """The URI of the Airflow Asset a commit of this target updates (no secret)."""
+
+    @property
+    @abstractmethod
+    def label(self) -> str:
+        """The target as a person names it in a message (a table, a path, a topic)."""
+
+    @property
+    def bound(self) -> bool:
+        return not self.connections()
+
+    def check_for_dag(self) -> None:
+        """Refuse what must not appear in a DAG file (an inline secret): a DAG
+        names connections. Nothing by default."""
+
+
+@cache
+def _entry_points() -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def spec_class(kind: str) -> type[TargetSpec]:
+    where = BUILTIN_KINDS.get(kind) or _entry_points().get(kind)
+    if where is None:
+        known = sorted({*BUILTIN_KINDS, *_entry_points()})
+        raise ConfigurationError(f"unknown target kind {kind!r}: known kinds are {known} (a third-party target "
+                                 f"registers its spec class under the entry point group {ENTRY_POINT_GROUP!r})")
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def target_from_dict(data: Mapping[str, Any]) -> TargetSpec:
+    """The spec that :meth:`TargetSpec.to_dict` wrote."""
+    if "kind" not in data:
+        raise ConfigurationError(f"a target spec needs its 'kind' (one of {sorted(BUILTIN_KINDS)}), got keys "
+                                 f"{sorted(data)}")
+    fields = dict(data)
+    return spec_class(fields.pop("kind")).from_fields(fields)
+
+
+def as_spec(target: Any, what: str = "target") -> TargetSpec:
+    """``target`` if it is a spec, else a clear error (for operator arguments)."""
+    if isinstance(target, TargetSpec):
+        return target
+    if isinstance(target, Mapping) and "kind" in target:
+        return target_from_dict(target)
+    raise ConfigurationError(f"{what} must be a target spec such as PostgresTarget(table=..., postgres_conn_id=...), "
+                             f"not {type(target).__name__}")
