@@ -20,8 +20,8 @@ from typing import Any
 from airflow.sdk import Asset, TaskGroup
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
-from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.source import KafkaSource
+from airflow_eos.core.target import DEFAULT_CONN_IDS, SPARK, TargetSpec, as_spec
 from airflow_eos.operators.eos import (
     EosAbortOperator,
     EosCommitOperator,
@@ -31,19 +31,18 @@ from airflow_eos.operators.eos import (
 from airflow_eos.sensors.eos import EosCheckpointSensor
 
 
-def target_asset(pipeline: str, target: PostgresTarget) -> Asset:
-    """The Asset a window's commit updates: the target table, as fed by this pipeline."""
-    return Asset(name=f"eos:{pipeline}:{target.table}",
-                 uri=f"eos://{target.postgres_conn_id}/{target.table}?pipeline={pipeline}")
+def target_asset(pipeline: str, target: TargetSpec) -> Asset:
+    """The Asset a window's commit updates: the target, as fed by this pipeline."""
+    return Asset(name=f"eos:{pipeline}:{target.label}", uri=f"{target.asset_uri}?pipeline={pipeline}")
 
 
 def exactly_once_window(
     *,
     pipeline: str,
     source: KafkaSource,
-    target: PostgresTarget,
+    target: TargetSpec,
     transform: str | None = None,
-    spark_conn_id: str = "spark_default",
+    spark_conn_id: str = DEFAULT_CONN_IDS[SPARK],
     idle_partition_grace: timedelta = timedelta(minutes=5),
     max_timestamp_skew: timedelta = DEFAULT_MAX_TIMESTAMP_SKEW,
     on_skewed_timestamp: str = ON_SKEWED_FAIL,
@@ -63,7 +62,7 @@ def exactly_once_window(
         first plan claims it for this DAG, its topics and target: a second DAG with the
         same id, or another pipeline sending the same topics into the target, is refused
     :param source: KafkaSource(topics=[...], kafka_conn_id=...)
-    :param target: PostgresTarget(table=..., postgres_conn_id=..., mode=..., on_committed=...)
+    :param target: a target spec, e.g. PostgresTarget(table=..., postgres_conn_id=..., mode=..., on_committed=...)
     :param transform: ``"module:function"`` (DataFrame -> DataFrame) run in Spark
     :param spark_conn_id: a ``spark`` connection (spark-submit: local mode or a cluster) or a
         ``spark_connect`` connection (the stage runs on that Spark Connect server)
@@ -80,11 +79,8 @@ def exactly_once_window(
     """
     if not isinstance(source, KafkaSource):
         raise ConfigurationError(f"source must be a KafkaSource, not {type(source).__name__}")
-    if not isinstance(target, PostgresTarget):
-        raise ConfigurationError(f"target must be a PostgresTarget, not {type(target).__name__}")
-    if target.url:
-        raise ConfigurationError("in a DAG, name the target database with postgres_conn_id, not a URL: "
-                                 "a URL would put its password into the DAG and the task logs")
+    target = as_spec(target)
+    target.check_for_dag()
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", pipeline or ""):
         raise ConfigurationError(f"pipeline id {pipeline!r} must be letters, digits, '_', '.' or '-'")
     check_skew_rule(max_timestamp_skew, on_skewed_timestamp, f"pipeline {pipeline!r}")

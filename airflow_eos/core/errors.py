@@ -6,13 +6,34 @@ that a person reading an Airflow task log knows what to do without a debugger.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class EosError(Exception):
-    """Base of every error airflow-eos raises on purpose."""
+    """Base of every error airflow-eos raises on purpose.
+
+    ``terminal``: retrying the same task cannot succeed (the task fails without
+    using its retries; the message says what a person must change)."""
+
+    terminal: ClassVar[bool] = False
+
+
+def error_class(name: str) -> type[EosError] | None:
+    """The EosError subclass called ``name`` (for an error that crossed a
+    process boundary as its class name: a trigger event, the stage job's line)."""
+    todo: list[type[EosError]] = [EosError]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == name:
+            return cls
+        todo.extend(cls.__subclasses__())
+    return None
 
 
 class ConfigurationError(EosError, ValueError):
     """Arguments that can never work (empty topic list, start >= end, ...)."""
+
+    terminal = True
 
 
 class WindowNotClosed(EosError):
@@ -42,10 +63,14 @@ class OffsetsExpired(EosError):
     """A planned range starts below the partition's log-start offset: retention
     deleted records this window must read. Never skipped silently."""
 
+    terminal = True
+
 
 class LogTruncated(EosError):
     """A frozen cut lies beyond the partition's end: the topic was recreated or
     lost data. The frozen plan can no longer be read as it was planned."""
+
+    terminal = True
 
 
 class SkewedTimestamp(EosError):
@@ -56,10 +81,14 @@ class SkewedTimestamp(EosError):
     "position"`` and clear the run, or raise ``max_timestamp_skew`` where the
     partition was really silent that long (fixing the producer stops new ones)."""
 
+    terminal = True
+
 
 class WindowConflict(EosError):
     """The window overlaps a window already planned with other boundaries, or
     its frozen plan disagrees with the topics asked for now."""
+
+    terminal = True
 
 
 class OwnershipConflict(EosError):
@@ -67,6 +96,8 @@ class OwnershipConflict(EosError):
     names, or another pipeline already publishes the same records into the
     target (see core/ownership.py). Terminal: planning again cannot help; the
     message names both claimants and what to change."""
+
+    terminal = True
 
 
 # --------------------------------------------------------------------------- attempts and sinks
@@ -79,6 +110,8 @@ class WindowNotPlanned(EosError):
 class AttemptFenced(EosError):
     """A newer attempt of the window exists: this one may still write its staging,
     but it can never be checkpointed, prepared or committed (zombie fencing)."""
+
+    terminal = True
 
 
 class AttemptClosed(EosError):

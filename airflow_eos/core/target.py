@@ -40,6 +40,9 @@ ENTRY_POINT_GROUP = "airflow_eos.targets"
 # The connection types the hook layer knows how to resolve, and into what.
 POSTGRES = "postgres"  # -> a libpq URL (the ledger always lives in a PostgreSQL database)
 KAFKA = "kafka"  # -> a librdkafka configuration dict
+SPARK = "spark"  # the stage job's (spark-submit or Spark Connect); resolved by the Spark provider
+# The connection each kind of connection argument defaults to, declared once.
+DEFAULT_CONN_IDS = {POSTGRES: "postgres_default", KAFKA: "kafka_default", SPARK: "spark_default"}
 
 
 @dataclass(frozen=True)

@@ -14,19 +14,25 @@ file is parsed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from functools import cached_property
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.providers.postgres.hooks.postgres import PostgresHook
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow_eos import steps
 from airflow_eos.core.attempt import Attempt
-from airflow_eos.core.errors import WindowNotClosed
+from airflow_eos.core.errors import ConfigurationError, EosError, error_class
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, PlanRequest, plan_window
-from airflow_eos.targets.postgres.target import PostgresTarget
+from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, PlanRequest
+from airflow_eos.core.sink import Sink
 from airflow_eos.core.source import KafkaLog
+from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA, POSTGRES, ConnectionRef, TargetSpec, as_spec
 from airflow_eos.core.windows import Window, WindowPlan
 
 log = logging.getLogger(__name__)
@@ -37,6 +43,7 @@ class EosKafkaHook(KafkaBaseHook):
     as the client configuration the core's readers are built from."""
 
     hook_name = "Apache Kafka (airflow-eos)"
+    default_conn_name = DEFAULT_CONN_IDS[KAFKA]
 
     def _get_client(self, config: dict[str, Any]) -> dict[str, Any]:
         return config
@@ -51,6 +58,7 @@ class EosPostgresHook(PostgresHook):
     target database (which also holds the ledger, schema ``eos``)."""
 
     hook_name = "Postgres (airflow-eos)"
+    default_conn_name = DEFAULT_CONN_IDS[POSTGRES]
 
     @property
     def ledger_url(self) -> str:
@@ -72,11 +80,49 @@ class EosPostgresHook(PostgresHook):
         )
 
 
-def resolve_target(target: PostgresTarget) -> PostgresTarget:
-    """The target with the URL of its Airflow connection (unless it has one)."""
-    if target.url:
-        return target
-    return target.with_url(EosPostgresHook(postgres_conn_id=target.postgres_conn_id).ledger_url)
+class EosTargetHook(BaseHook):
+    """A target spec's Airflow connections (the ledger's database, a Kafka
+    cluster, ...), resolved into the values its runtime Sink is built from."""
+
+    hook_name = "airflow-eos target"
+
+    def __init__(self, target: TargetSpec | Mapping[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.target = as_spec(_with_kind(target))
+
+    @cached_property
+    def bound(self) -> TargetSpec:
+        """The spec with its connections' values (for the stage job's environment)."""
+        return self.target.bind({ref.role: connection_value(ref) for ref in self.target.connections()})
+
+    @cached_property
+    def sink(self) -> Sink:
+        return self.bound.sink()
+
+    def get_conn(self) -> Sink:
+        return self.sink
+
+
+def connection_value(ref: ConnectionRef) -> Any:
+    """The value a target needs of one Airflow connection (core/target.py)."""
+    if ref.conn_type == POSTGRES:
+        return EosPostgresHook(postgres_conn_id=ref.conn_id).ledger_url
+    if ref.conn_type == KAFKA:
+        return EosKafkaHook(kafka_config_id=ref.conn_id).kafka_config
+    raise ConfigurationError(f"connection {ref.conn_id!r} ({ref.role}) has type {ref.conn_type!r}, which airflow-eos "
+                             f"cannot resolve (it knows {POSTGRES!r} and {KAFKA!r})")
+
+
+def resolve_target(target: TargetSpec | Mapping[str, Any]) -> Sink:
+    """The runtime sink of a target spec, its connections resolved here."""
+    return EosTargetHook(target).sink
+
+
+def _with_kind(target: Any) -> Any:
+    # A trigger serialised by a version before target specs carried PostgresTarget's fields without a kind.
+    if isinstance(target, Mapping) and "kind" not in target:
+        return {"kind": "postgres", **target}
+    return target
 
 
 def ledger_for(postgres_conn_id: str) -> Ledger:
@@ -102,7 +148,8 @@ def plan_or_none(
     target_id: str | None = None,
     target_exclusive: bool = False,
 ) -> WindowPlan | None:
-    """The window's frozen plan, or None while the window is not closed.
+    """steps.plan with the connections resolved: the window's frozen plan, or
+    None while the window is not closed.
 
     ``dag_id``, ``target_id`` and ``target_exclusive`` are the plan's claim on
     the pipeline (see core/ownership.py); None where the caller does not know
@@ -112,21 +159,54 @@ def plan_or_none(
                           timedelta(seconds=max_timestamp_skew_seconds), on_skewed_timestamp,
                           dag_id=dag_id, target_id=target_id, target_exclusive=target_exclusive)
     with KafkaLog(EosKafkaHook(kafka_config_id=kafka_conn_id).kafka_config) as kafka_log:
-        try:
-            return plan_window(ledger_for(postgres_conn_id), kafka_log, request)
-        except WindowNotClosed as exc:
-            log.info("%s", exc)
-            return None
+        return steps.plan(ledger_for(postgres_conn_id), kafka_log, request)
 
 
-def prepared_or_none(*, target: dict, attempt: dict) -> str | None:
-    """Prepare the attempt: its detail once prepared, None while its checkpoint is
-    not written yet. Raises when waiting cannot help (fenced, aborted, incomplete)."""
-    readiness = resolve_target(PostgresTarget(**target)).prepare(Attempt.from_dict(attempt))
-    if not readiness.prepared:
-        log.info("%s", readiness.detail)
-        return None
-    return readiness.detail
+def prepared_or_none(*, target: Mapping[str, Any], attempt: Mapping[str, Any]) -> str | None:
+    """steps.prepare with the target's connections resolved: the attempt's
+    detail once prepared, None while its checkpoint is not written yet. Raises
+    when waiting cannot help (fenced, aborted, incomplete)."""
+    readiness = steps.prepare(resolve_target(target), Attempt.from_dict(attempt))
+    return readiness.detail if readiness.prepared else None
+
+
+@contextlib.contextmanager
+def failing_terminally() -> Iterator[None]:
+    """An EosError that retrying cannot cure (``terminal``: fenced attempt, window
+    or ownership conflict, expired offsets, bad configuration, ...) fails the
+    task without using its retries; its type and message stay in the chain."""
+    try:
+        yield
+    except EosError as exc:
+        if is_terminal(exc):
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+        raise
+
+
+def is_terminal(exc: EosError) -> bool:
+    """``exc`` or, for a failed Spark job, the error inside it (``error``: its class name) is terminal."""
+    inner = error_class(getattr(exc, "error", None) or "")
+    return exc.terminal or bool(inner is not None and inner.terminal)
+
+
+def reraise_event_error(event: Mapping[str, Any], doing: str) -> None:
+    """A trigger's ``error`` event, raised in the task as the error the trigger
+    caught: its own type and message (terminal ones fail without retries)."""
+    name, message = event.get("error") or "Exception", event.get("message") or ""
+    cls = error_class(name)
+    if cls is None:
+        raise AirflowException(f"{doing} failed in the triggerer: {name}: {message}")
+    with failing_terminally():
+        raise _rebuilt(cls, message)
+
+
+def _rebuilt(cls: type[EosError], message: str) -> EosError:
+    try:
+        return cls(message)
+    except TypeError:  # an error with keyword-only details (NotPrepared's missing)
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, message)
+        return exc
 
 
 # Connection extras that are libpq parameters (the rest are the hook's own).

@@ -1,38 +1,37 @@
-"""Operators of a window's life: thin shells over airflow_eos.core.
+"""Operators of a window's life: thin shells over airflow_eos.steps.
 
 plan → stage → (await_checkpoint, in sensors/) → commit, and abort as the
-window's teardown. Each turns Airflow connections into plain values with a hook
-and calls one core function; the protocol itself lives in the core.
+window's teardown. Each turns Airflow connections into plain values with its
+hooks (``@cached_property``) and calls one step; the protocol lives in the steps,
+the core and the target. An error that a retry cannot cure (``terminal`` in
+core/errors.py) fails the task without using its retries.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Sequence
 from datetime import timedelta
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator, BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_eos.core.attempt import Attempt
-from airflow_eos.core.errors import OwnershipConflict, SkewedTimestamp
-from airflow_eos.core.faults import fault_point
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
-from airflow_eos.targets.postgres.target import PostgresTarget
-from airflow_eos.core.source import KafkaSource, mirror_offsets
+from airflow_eos.core.source import KafkaSource
+from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA, POSTGRES, SPARK, TargetSpec, as_spec
 from airflow_eos.core.windows import Window, WindowPlan
-from airflow_eos.spark.submit import job_error, stage_job_environment, stage_job_path
+from airflow_eos.spark.submit import job_error, job_report, stage_job_environment, stage_job_path
 from airflow_eos.spark.transform import check_transform, parse_transform
 
-# The hooks (and the triggers, which import them) are imported in execute: they
-# load the Kafka and Postgres providers' clients, which parsing a DAG must not.
+# The hooks, the steps and the triggers are imported when a task runs: they load
+# the Kafka and Postgres providers' clients, which parsing a DAG must not.
+if TYPE_CHECKING:
+    from airflow_eos.core.sink import Sink
+    from airflow_eos.hooks.eos import EosKafkaHook, EosTargetHook
 
 DATA_INTERVAL_START = "{{ data_interval_start }}"
-# Plan errors that a retry cannot change: the task fails at once, keeping its retries.
-_TERMINAL_PLAN_ERRORS = (OwnershipConflict, SkewedTimestamp)
 DATA_INTERVAL_END = "{{ data_interval_end }}"
 
 
@@ -56,12 +55,12 @@ class EosPlanWindowOperator(BaseSensorOperator):
         skewed record, nothing is frozen; ``"position"``: the record does not
         close the window, it is published in the window of its offset (logged
         as a warning, the cut's ``how`` is ``skewed``)
-    :param target: the window's PostgresTarget. The plan claims the pipeline for
-        this DAG, its topics and this target in the ledger (the first plan claims;
-        a plan from another DAG, for other topics or into another target fails
-        without retries, naming both). Without it the claim names no target
-        until a plan that has one. The ledger is in the target's database:
-        ``postgres_conn_id`` defaults to the target's.
+    :param target: the window's target spec (e.g. PostgresTarget). The plan
+        claims the pipeline for this DAG, its topics and this target in the
+        ledger (the first plan claims; a plan from another DAG, for other topics
+        or into another target fails without retries, naming both). Without it
+        the claim names no target until a plan that has one. The ledger is in
+        the target's ledger database: ``postgres_conn_id`` defaults to it.
     """
 
     template_fields: Sequence[str] = ("pipeline", "topics", "window_start", "window_end")
@@ -72,7 +71,7 @@ class EosPlanWindowOperator(BaseSensorOperator):
         *,
         pipeline: str,
         topics: Sequence[str],
-        kafka_conn_id: str = "kafka_default",
+        kafka_conn_id: str = DEFAULT_CONN_IDS[KAFKA],
         postgres_conn_id: str | None = None,
         window_start: str = DATA_INTERVAL_START,
         window_end: str = DATA_INTERVAL_END,
@@ -81,27 +80,27 @@ class EosPlanWindowOperator(BaseSensorOperator):
         on_skewed_timestamp: str = ON_SKEWED_FAIL,
         deferrable: bool = False,
         poke_interval: float = 60,
-        target: PostgresTarget | None = None,
+        target: TargetSpec | None = None,
         **kwargs: Any,
     ) -> None:
         # Before the base class adds the task to the DAG: a refused task leaves no trace there.
         check_skew_rule(max_timestamp_skew, on_skewed_timestamp, f"task {kwargs.get('task_id')!r}")
+        if target is not None:
+            target = as_spec(target)
         super().__init__(poke_interval=poke_interval, **kwargs)
         if isinstance(topics, str):
             raise ValueError(f"topics must be a list of topic names, not the string {topics!r}")
         if not topics:
             raise ValueError("topics must not be empty")
-        if target is not None and not isinstance(target, PostgresTarget):
-            raise TypeError(f"target must be a PostgresTarget, not {type(target).__name__}")
-        if target is not None and postgres_conn_id not in (None, target.postgres_conn_id):
-            raise ValueError(f"postgres_conn_id {postgres_conn_id!r} is not the connection of the target "
-                             f"{target.table} ({target.postgres_conn_id!r}): the ledger lives in the target's "
-                             "database; leave postgres_conn_id out")
+        if target is not None and postgres_conn_id not in (None, target.ledger_conn_id):
+            raise ValueError(f"postgres_conn_id {postgres_conn_id!r} is not the ledger connection of the target "
+                             f"{target.label} ({target.ledger_conn_id!r}): the ledger lives in the target's database; "
+                             "leave postgres_conn_id out")
         self.pipeline = pipeline
         self.topics = list(topics)
         self.kafka_conn_id = kafka_conn_id
         self.target = target
-        self.postgres_conn_id = postgres_conn_id or (target.postgres_conn_id if target else "postgres_default")
+        self.postgres_conn_id = postgres_conn_id or (target.ledger_conn_id if target else DEFAULT_CONN_IDS[POSTGRES])
         self.window_start = window_start
         self.window_end = window_end
         self.idle_partition_grace = idle_partition_grace
@@ -128,18 +127,15 @@ class EosPlanWindowOperator(BaseSensorOperator):
         }
 
     def _plan_or_none(self) -> WindowPlan | None:
-        from airflow_eos.hooks.eos import plan_or_none
+        from airflow_eos.hooks.eos import failing_terminally, plan_or_none
 
-        try:
+        with failing_terminally():  # the same plan fails the same way on every retry
             return plan_or_none(**self._plan_kwargs)
-        except _TERMINAL_PLAN_ERRORS as exc:  # the same plan fails the same way on every retry
-            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
     def poke(self, context) -> PokeReturnValue:
         plan = self._plan_or_none()
         if plan is None:
             return PokeReturnValue(is_done=False)
-        self._log_plan(plan)
         return PokeReturnValue(is_done=True, xcom_value=plan.to_dict())
 
     def execute(self, context) -> Any:
@@ -147,7 +143,6 @@ class EosPlanWindowOperator(BaseSensorOperator):
             return super().execute(context)
         plan = self._plan_or_none()
         if plan is not None:
-            self._log_plan(plan)
             return plan.to_dict()
         from airflow_eos.triggers.eos import WindowClosedTrigger
 
@@ -158,25 +153,38 @@ class EosPlanWindowOperator(BaseSensorOperator):
         )
 
     def execute_complete(self, context, event: dict[str, Any]) -> dict:
-        if event.get("status") != "done":
-            terminal = event.get("error") in {e.__name__ for e in _TERMINAL_PLAN_ERRORS}
-            failure = AirflowFailException if terminal else AirflowException
-            raise failure(f"planning failed: {event.get('error')}: {event.get('message')}")
-        plan = WindowPlan.from_dict(event["plan"])
-        self._log_plan(plan)
-        return plan.to_dict()
+        from airflow_eos.hooks.eos import reraise_event_error
 
-    def _log_plan(self, plan: WindowPlan) -> None:
-        self.log.info("window %s planned: %d partition range(s), at most %d records",
+        if event.get("status") != "done":
+            reraise_event_error(event, f"planning window {self.window_start} .. {self.window_end} of {self.pipeline}")
+        plan = WindowPlan.from_dict(event["plan"])
+        self.log.info("window %s planned (in the triggerer): %d partition range(s), at most %d records",
                       plan.window, len(plan.ranges), plan.max_records)
         for r in plan.ranges:
             self.log.info("  %s [%d, %d)", r.tp, r.start_offset, r.end_offset)
+        return plan.to_dict()
 
 
-class EosSparkStageOperator(SparkSubmitOperator):
+class _TargetHooks:
+    """The hooks of an operator that works on a target (``self.target``)."""
+
+    target: TargetSpec
+
+    @cached_property
+    def target_hook(self) -> "EosTargetHook":
+        from airflow_eos.hooks.eos import EosTargetHook
+
+        return EosTargetHook(self.target)
+
+    @property
+    def sink(self) -> "Sink":
+        return self.target_hook.sink
+
+
+class EosSparkStageOperator(_TargetHooks, SparkSubmitOperator):
     """Open a new attempt of the window (fencing every older one) and run the
     PySpark stage job for it: read exactly the planned ranges, apply the
-    transform, stage the rows, write the checkpoint.
+    transform, stage the rows, write the checkpoint (``steps.stage``).
 
     ``conn_id`` chooses where the job runs:
 
@@ -189,11 +197,12 @@ class EosSparkStageOperator(SparkSubmitOperator):
       worker). The server needs airflow-eos installed for its Python workers;
       ``conf`` is applied to the job's session (SQL settings only).
 
-    Returns the attempt (XCom) for the checkpoint sensor and the commit.
+    Returns the attempt with the job's report (XCom: ``steps.Staged``) for the
+    checkpoint sensor and the commit.
 
     :param plan: the plan task's XCom (templated)
     :param source: the window's KafkaSource
-    :param target: the window's PostgresTarget
+    :param target: the window's target spec (e.g. PostgresTarget)
     :param transform: ``"module:function"``, DataFrame -> DataFrame, run in Spark
         (None: the records as read, for targets shaped like the Kafka schema).
         Its syntax is checked when the DAG is parsed; before an attempt is
@@ -215,45 +224,54 @@ class EosSparkStageOperator(SparkSubmitOperator):
         *,
         plan: Any,
         source: KafkaSource,
-        target: PostgresTarget,
+        target: TargetSpec,
         transform: str | None = None,
         max_records_per_task: int = 1_000_000,
         max_bad_records: int = 0,
-        conn_id: str = "spark_default",
+        conn_id: str = DEFAULT_CONN_IDS[SPARK],
         name: str = "airflow-eos-stage",
         **kwargs: Any,
     ) -> None:
         super().__init__(application=stage_job_path(), conn_id=conn_id, name=name, **kwargs)
         if not isinstance(source, KafkaSource):
             raise TypeError(f"source must be a KafkaSource, not {type(source).__name__}")
-        if not isinstance(target, PostgresTarget):
-            raise TypeError(f"target must be a PostgresTarget, not {type(target).__name__}")
         if transform is not None and "{{" not in transform:  # a template is checked once rendered
             parse_transform(transform)
         if max_records_per_task < 1 or max_bad_records < 0:
             raise ValueError("max_records_per_task must be >= 1 and max_bad_records >= 0")
         self.plan = plan
         self.source = source
-        self.target = target
+        self.target = as_spec(target)
         self.transform = transform
         self.max_records_per_task = max_records_per_task
         self.max_bad_records = max_bad_records
 
+    @cached_property
+    def kafka_hook(self) -> "EosKafkaHook":
+        from airflow_eos.hooks.eos import EosKafkaHook
+
+        return EosKafkaHook(kafka_config_id=self.source.kafka_conn_id)
+
+    @cached_property
+    def kafka_config(self) -> dict[str, Any]:
+        return {**self.kafka_hook.kafka_config, **self.source.reader_config}
+
     def execute(self, context) -> dict:
+        from airflow_eos import steps
+        from airflow_eos.hooks.eos import failing_terminally
+
         # Before an attempt is opened and ~20 s of spark-submit are spent on a job that cannot load it.
         check_transform(self.transform, shipped=bool(self.py_files))
-        from airflow_eos.hooks.eos import EosKafkaHook, resolve_target
-
         plan = WindowPlan.from_dict(self.plan)
-        target = resolve_target(self.target)
-        attempt = target.begin(plan.window)
-        self.log.info("%s opened (epoch %d fences every older attempt); staging %s",
-                      attempt, attempt.epoch, attempt.staging)
-        kafka_config = {**EosKafkaHook(kafka_config_id=self.source.kafka_conn_id).kafka_config,
-                        **self.source.reader_config}
-        if self._spark_connect_url is not None:
-            self._stage_on_spark_connect(plan, attempt, target, kafka_config)
-            return attempt.to_dict()
+        job = self._on_spark_connect if self._spark_connect_url is not None else self._spark_submit
+        with failing_terminally():
+            staged = steps.stage(self.sink, plan, lambda attempt: job(context, plan, attempt))
+        return staged.to_dict()
+
+    def _spark_submit(self, context, plan: WindowPlan, attempt: Attempt) -> dict | None:
+        """The stage job by spark-submit; its report is the line it prints."""
+        import json
+
         self.application_args = [
             "--plan", plan.to_json(),
             "--attempt", json.dumps(attempt.to_dict()),
@@ -266,23 +284,24 @@ class EosSparkStageOperator(SparkSubmitOperator):
         local = str(hook._connection["master"]).startswith("local")
         if local:  # a batch job in local mode needs no web UI (and no listener)
             self.conf = {"spark.ui.enabled": "false", **(self.conf or {})}
-        self.env_vars = {**(self.env_vars or {}), **stage_job_environment(target, kafka_config, local=local)}
-        started = time.monotonic()
-        self._job_error: str | None = None
+        self.env_vars = {**(self.env_vars or {}),
+                         **stage_job_environment(self.target_hook.bound, self.kafka_config, local=local)}
+        self._job_error = None
+        self._job_report = None
         try:
             super().execute(context)
         except AirflowException as exc:
             if self._job_error is None:
                 raise
             # The job's own error is the headline; spark-submit's (the command line and exit code) follows.
-            raise AirflowException(f"{self._job_error}\n(spark-submit of the stage job of {attempt} failed: "
-                                   f"{exc})") from None
-        self.log.info("%s: stage job finished in %.1fs", attempt, time.monotonic() - started)
-        return attempt.to_dict()
+            failure = AirflowFailException if self._job_error.terminal else AirflowException
+            raise failure(f"{self._job_error.headline}\n(spark-submit of the stage job of {attempt} failed: "
+                          f"{exc})") from None
+        return self._job_report
 
     def _get_hook(self):
         """The Spark provider's hook, reading the job's output as it streams it
-        to the log, to find the job's error line (see airflow_eos.spark.submit)."""
+        to the log, to find the job's error or report line (spark/submit.py)."""
         hook = super()._get_hook()
         stream_to_log = hook._process_spark_submit_log
 
@@ -290,6 +309,7 @@ class EosSparkStageOperator(SparkSubmitOperator):
             def seen():
                 for line in lines:
                     self._job_error = job_error(line) or getattr(self, "_job_error", None)
+                    self._job_report = job_report(line) or getattr(self, "_job_report", None)
                     yield line
             stream_to_log(seen())
 
@@ -305,23 +325,22 @@ class EosSparkStageOperator(SparkSubmitOperator):
             return None
         return SparkConnectHook(conn_id=self._conn_id).get_connection_url()
 
-    def _stage_on_spark_connect(self, plan: WindowPlan, attempt: Attempt, target: PostgresTarget,
-                                kafka_config: dict) -> None:
+    def _on_spark_connect(self, context, plan: WindowPlan, attempt: Attempt) -> dict:
+        """The stage job on the Spark Connect server's driver, this task its client."""
         # pyspark only here: a spark-submit stage never loads it in the Airflow worker.
         from airflow_eos.spark.session import spark_session, stop_session
         from airflow_eos.spark.stage import run_stage
 
-        started = time.monotonic()
         self._remote_session = spark_session(f"airflow-eos stage {attempt.pipeline} e{attempt.epoch}",
                                              remote=self._spark_connect_url, conf=self.conf)
         try:
-            report = run_stage(self._remote_session, plan, attempt, target, kafka_config, self.transform,
+            report = run_stage(self._remote_session, plan, attempt, self.sink, self.kafka_config, self.transform,
                                max_records_per_task=self.max_records_per_task,
                                max_bad_records=self.max_bad_records)
         finally:
             stop_session(self._remote_session)
             self._remote_session = None
-        self.log.info("%s: staged on Spark Connect in %.1fs: %s", attempt, time.monotonic() - started, report)
+        return report.to_dict()
 
     def on_kill(self) -> None:
         session = getattr(self, "_remote_session", None)
@@ -334,13 +353,14 @@ class EosSparkStageOperator(SparkSubmitOperator):
         session.interruptAll()
 
 
-class EosCommitOperator(BaseOperator):
-    """Publish the prepared attempt and advance the pipeline's offsets, in one
-    PostgreSQL transaction. Idempotent: a retry after success does nothing and
-    says so. A window committed before is skipped or replaced, as the target's
-    ``on_committed`` says.
+class EosCommitOperator(_TargetHooks, BaseOperator):
+    """Publish the prepared attempt and advance the pipeline's offsets
+    atomically (``steps.commit``). Idempotent: a retry after success does
+    nothing and says so. A window committed before is skipped or replaced, as
+    the target's ``on_committed`` says. Returns the commit's summary
+    (``steps.Committed``), which is also the extra of the target's Asset event.
 
-    :param target: the window's PostgresTarget
+    :param target: the window's target spec (e.g. PostgresTarget)
     :param attempt: the stage task's attempt (its XCom; templated)
     :param mirror_group_id: if set, also commit the pipeline's offsets to this
         Kafka consumer group after the transaction, for lag tools; the ledger
@@ -354,49 +374,40 @@ class EosCommitOperator(BaseOperator):
     def __init__(
         self,
         *,
-        target: PostgresTarget,
+        target: TargetSpec,
         attempt: Any,
         mirror_group_id: str | None = None,
-        kafka_conn_id: str = "kafka_default",
+        kafka_conn_id: str = DEFAULT_CONN_IDS[KAFKA],
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if not isinstance(target, PostgresTarget):
-            raise TypeError(f"target must be a PostgresTarget, not {type(target).__name__}")
-        self.target = target
+        self.target = as_spec(target)
         self.attempt = attempt
         self.mirror_group_id = mirror_group_id
         self.kafka_conn_id = kafka_conn_id
 
-    def execute(self, context) -> dict:
-        from airflow_eos.hooks.eos import EosKafkaHook, resolve_target
+    @cached_property
+    def kafka_hook(self) -> "EosKafkaHook":
+        from airflow_eos.hooks.eos import EosKafkaHook
 
-        attempt = Attempt.from_dict(self.attempt)
-        result = resolve_target(self.target).commit(attempt)
-        self.log.info("%s", result)
-        fault_point("commit.after_commit")
-        if self.mirror_group_id and result.offsets:
-            mirror_offsets(EosKafkaHook(kafka_config_id=self.kafka_conn_id).kafka_config,
-                           self.mirror_group_id, result.offsets)
-            self.log.info("offsets mirrored to consumer group %r", self.mirror_group_id)
-        summary = {
-            "pipeline": attempt.pipeline,
-            "window_start": attempt.window_start.isoformat(),
-            "window_end": attempt.window_end.isoformat(),
-            "epoch": attempt.epoch,
-            "outcome": result.outcome,
-            "committed_epoch": result.committed_epoch,
-            "published_rows": result.published_rows,
-            "dead_letter_rows": result.dead_letter_rows,
-        }
+        return EosKafkaHook(kafka_config_id=self.kafka_conn_id)
+
+    def execute(self, context) -> dict:
+        from airflow_eos import steps
+        from airflow_eos.hooks.eos import failing_terminally
+
+        mirror = (steps.OffsetMirror(self.kafka_hook.kafka_config, self.mirror_group_id)
+                  if self.mirror_group_id else None)
+        with failing_terminally():
+            summary = steps.commit(self.sink, Attempt.from_dict(self.attempt), mirror=mirror).to_dict()
         for asset in self.outlets:
             context["outlet_events"][asset].extra = summary
         return summary
 
 
-class EosAbortOperator(BaseOperator):
+class EosAbortOperator(_TargetHooks, BaseOperator):
     """Abort the window's live attempts: mark them aborted and drop their
-    staging. The window stays planned and can be run again.
+    staging (``steps.abort``). The window stays planned and can be run again.
 
     Used as the teardown of the window's task group: it runs whether the window
     failed or not (after a successful commit it finds nothing live, or only a
@@ -411,28 +422,19 @@ class EosAbortOperator(BaseOperator):
         self,
         *,
         pipeline: str,
-        target: PostgresTarget,
+        target: TargetSpec,
         window_start: str = DATA_INTERVAL_START,
         window_end: str = DATA_INTERVAL_END,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if not isinstance(target, PostgresTarget):
-            raise TypeError(f"target must be a PostgresTarget, not {type(target).__name__}")
         self.pipeline = pipeline
-        self.target = target
+        self.target = as_spec(target)
         self.window_start = window_start
         self.window_end = window_end
 
     def execute(self, context) -> list[int]:
-        from airflow_eos.hooks.eos import resolve_target
+        from airflow_eos import steps
 
         window = Window(self.pipeline, str(self.window_start), str(self.window_end))
-        reason = f"aborted by {self.task_id} of run {context['run_id']}"
-        aborted = resolve_target(self.target).abort_window(window, reason)
-        if aborted:
-            self.log.info("window %s: aborted attempt(s) %s and dropped their staging",
-                          window, ", ".join(str(a.epoch) for a in aborted))
-        else:
-            self.log.info("window %s: no live attempt to abort", window)
-        return [a.epoch for a in aborted]
+        return steps.abort(self.sink, window, f"aborted by {self.task_id} of run {context['run_id']}")

@@ -1,17 +1,20 @@
-"""The barrier of a window: await the stage attempt's checkpoint."""
+"""The barrier of a window: await the stage attempt's checkpoint (``steps.prepare``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
-from airflow_eos.targets.postgres.target import PostgresTarget
+from airflow_eos.core.target import TargetSpec, as_spec
 
 # The hooks (and the trigger, which imports them) are imported when the sensor
 # runs: they load the Postgres provider's client, which parsing a DAG must not.
+if TYPE_CHECKING:
+    from airflow_eos.hooks.eos import EosTargetHook
 
 
 class EosCheckpointSensor(BaseSensorOperator):
@@ -20,7 +23,7 @@ class EosCheckpointSensor(BaseSensorOperator):
     staged rows equal to the checkpoint's counts, the attempt not fenced by a
     newer one. Fails at once when waiting cannot help.
 
-    :param target: the window's PostgresTarget
+    :param target: the window's target spec (e.g. PostgresTarget)
     :param attempt: the stage task's attempt (its XCom; templated)
     :param deferrable: wait in the triggerer instead of a worker slot
     """
@@ -31,59 +34,60 @@ class EosCheckpointSensor(BaseSensorOperator):
     def __init__(
         self,
         *,
-        target: PostgresTarget,
+        target: TargetSpec,
         attempt: Any,
         deferrable: bool = False,
         poke_interval: float = 10,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
-        if not isinstance(target, PostgresTarget):
-            raise TypeError(f"target must be a PostgresTarget, not {type(target).__name__}")
-        self.target = target
+        self.target = as_spec(target)
         self.attempt = attempt
         self.deferrable = deferrable
 
-    def _kwargs(self) -> dict[str, Any]:
+    @cached_property
+    def target_hook(self) -> "EosTargetHook":
+        from airflow_eos.hooks.eos import EosTargetHook
+
+        return EosTargetHook(self.target)
+
+    def _attempt(self) -> dict[str, Any]:
         if not isinstance(self.attempt, dict):
             raise AirflowException(f"attempt must be the stage task's XCom (a dict), got {self.attempt!r}")
-        return {"target": _target_kwargs(self.target), "attempt": dict(self.attempt)}
+        return dict(self.attempt)
+
+    def _prepared(self) -> bool:
+        from airflow_eos import steps
+        from airflow_eos.core.attempt import Attempt
+        from airflow_eos.hooks.eos import failing_terminally
+
+        with failing_terminally():
+            return steps.prepare(self.target_hook.sink, Attempt.from_dict(self._attempt())).prepared
 
     def poke(self, context) -> PokeReturnValue:
-        from airflow_eos.hooks.eos import prepared_or_none
-
-        detail = prepared_or_none(**self._kwargs())
-        if detail is None:
+        if not self._prepared():
             return PokeReturnValue(is_done=False)
-        self.log.info("%s", detail)
         return PokeReturnValue(is_done=True, xcom_value=self.attempt)
 
     def execute(self, context) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        from airflow_eos.hooks.eos import prepared_or_none
         from airflow_eos.triggers.eos import CheckpointTrigger
 
-        detail = prepared_or_none(**self._kwargs())
-        if detail is not None:
-            self.log.info("%s", detail)
+        if self._prepared():
             return self.attempt
         self.defer(
-            trigger=CheckpointTrigger(poll_interval=self.poke_interval, **self._kwargs()),
+            # The spec names connections only: the triggerer resolves them itself, no secret is serialised.
+            trigger=CheckpointTrigger(poll_interval=self.poke_interval, target=self.target.to_dict(),
+                                      attempt=self._attempt()),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout) if self.timeout else None,
         )
 
     def execute_complete(self, context, event: dict[str, Any]) -> Any:
+        from airflow_eos.hooks.eos import reraise_event_error
+
         if event.get("status") != "done":
-            raise AirflowException(f"checkpoint of {self.attempt} failed: {event.get('error')}: {event.get('message')}")
+            reraise_event_error(event, f"the checkpoint of {self.attempt}")
         self.log.info("%s", event["detail"])
         return self.attempt
-
-
-def _target_kwargs(target: PostgresTarget) -> dict[str, Any]:
-    """The target as plain values for a trigger. A target given by connection id
-    serialises no secret: the triggerer resolves the connection itself."""
-    return {"url": target.url, "table": target.table, "mode": target.mode, "key": list(target.key),
-            "on_committed": target.on_committed, "postgres_conn_id": target.postgres_conn_id,
-            "columns": list(target.columns) if target.columns is not None else None}

@@ -7,26 +7,35 @@ need not load Spark.
 - command line: ``--plan JSON --attempt JSON --max-records-per-task N
   --max-bad-records N [--transform module:function]``
 - environment (secrets never go on a command line, which ``ps`` shows):
-  ``EOS_TARGET_JSON`` (the PostgresTarget's fields, with its URL) and
+  ``EOS_TARGET_JSON`` (the bound target spec, ``TargetSpec.to_dict()``, with
+  its resolved connections) and
   ``EOS_KAFKA_CONFIG_JSON`` (the librdkafka settings of the source cluster).
-- output: on failure, one line ``EOS_STAGE_ERROR {"error": ..., "message": ...}``
-  (redacted), which the operator makes its exception's headline.
+- output: on success, one line ``EOS_STAGE_REPORT {...}`` (the StageReport,
+  which becomes part of the stage task's XCom); on failure, one line
+  ``EOS_STAGE_ERROR {"error": ..., "message": ..., "cause": ...}`` (redacted),
+  which the operator makes its exception's headline (``cause``: the class of the
+  error inside a StageFailed, which says whether a retry can help).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from airflow_eos.core.database import redact
-from airflow_eos.targets.postgres.target import PostgresTarget
+from airflow_eos.core.errors import error_class
+from airflow_eos.core.sink import Sink
+from airflow_eos.core.target import TargetSpec, target_from_dict
 
 TARGET_ENV = "EOS_TARGET_JSON"
 KAFKA_CONFIG_ENV = "EOS_KAFKA_CONFIG_JSON"
 ERROR_LINE = "EOS_STAGE_ERROR "
+REPORT_LINE = "EOS_STAGE_REPORT "
 
 
 def stage_job_path() -> str:
@@ -34,9 +43,10 @@ def stage_job_path() -> str:
     return str(Path(__file__).with_name("job.py"))
 
 
-def stage_job_environment(target: PostgresTarget, kafka_config: dict, *, local: bool) -> dict[str, str]:
+def stage_job_environment(target: TargetSpec, kafka_config: dict, *, local: bool) -> dict[str, str]:
+    """``target`` bound (its connections resolved): the job has no Airflow."""
     env = {
-        TARGET_ENV: json.dumps(dataclasses.asdict(target)),
+        TARGET_ENV: target_json(target),
         KAFKA_CONFIG_ENV: json.dumps(kafka_config),
     }
     if local:
@@ -49,10 +59,17 @@ def stage_job_environment(target: PostgresTarget, kafka_config: dict, *, local: 
     return env
 
 
-def target_from_environment(environ=os.environ) -> PostgresTarget:
+def target_json(target: TargetSpec) -> str:
+    """The one serialised form of a target (spark-submit environment, Spark
+    Connect options): its spec's dict."""
+    return json.dumps(target.to_dict())
+
+
+def target_from_environment(environ: Mapping[str, str] = os.environ) -> Sink:
     data = json.loads(environ[TARGET_ENV])
-    return PostgresTarget(**{**data, "key": tuple(data.get("key") or ()),
-                             "columns": tuple(data["columns"]) if data.get("columns") is not None else None})
+    if "kind" not in data:  # written by a version before target specs: PostgresTarget's fields
+        data = {"kind": "postgres", **data}
+    return target_from_dict(data).sink()
 
 
 def kafka_config_from_environment(environ=os.environ) -> dict:
@@ -61,18 +78,44 @@ def kafka_config_from_environment(environ=os.environ) -> dict:
 
 def error_line(exc: BaseException) -> str:
     """The line the stage job prints when it fails: why, in one line of JSON."""
-    return ERROR_LINE + json.dumps({"error": type(exc).__name__, "message": redact(str(exc))})
+    return ERROR_LINE + json.dumps({"error": type(exc).__name__, "message": redact(str(exc)),
+                                    "cause": getattr(exc, "error", None)})
 
 
-def job_error(line: str) -> str | None:
-    """``"Error: message"`` from a line of the job's output, if it is its error line."""
-    _, marker, payload = line.partition(ERROR_LINE.strip())
-    if not marker:
+def report_line(report: Mapping[str, Any]) -> str:
+    """The line the stage job prints when it succeeded: its report."""
+    return REPORT_LINE + json.dumps(report)
+
+
+@dataclass(frozen=True)
+class JobError:
+    headline: str  # "Error: message", as a person needs it first
+    terminal: bool  # the error (or the one inside a StageFailed) cannot be cured by a retry
+
+
+def _payload(line: str, marker: str) -> dict | None:
+    _, found, payload = line.partition(marker.strip())
+    if not found:
         return None
     try:
         data = json.loads(payload)
     except ValueError:
         return None
+    return data if isinstance(data, dict) else None
+
+
+def job_error(line: str) -> JobError | None:
+    """The job's error, if ``line`` of its output is its error line."""
+    data = _payload(line, ERROR_LINE)
+    if data is None:
+        return None
     message = data.get("message", "")
     # StageFailed's message already starts with its own cause ("the stage job of ... failed: ...").
-    return message if data.get("error") == "StageFailed" else f"{data.get('error')}: {message}"
+    headline = message if data.get("error") == "StageFailed" else f"{data.get('error')}: {message}"
+    cls = error_class(data.get("cause") or data.get("error") or "")
+    return JobError(headline, bool(cls is not None and cls.terminal))
+
+
+def job_report(line: str) -> dict | None:
+    """The job's report, if ``line`` of its output is its report line."""
+    return _payload(line, REPORT_LINE)

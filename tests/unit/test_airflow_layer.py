@@ -130,14 +130,22 @@ def test_the_plan_claims_the_pipeline_for_its_dag_topics_and_target():
                                             ("SkewedTimestamp", "orders[1] offset 10 is stamped 2030")])
 def test_a_terminal_plan_error_from_the_trigger_fails_the_plan_without_retries(error, message):
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
+    from airflow_eos.core.errors import SourceUnavailable
 
     dag, _ = make_dag(deferrable=True)
     plan = dag.get_task("window.plan")
     with pytest.raises(AirflowFailException, match=re.escape(f"{error}: {message}")):
         plan.execute_complete({}, {"status": "error", "error": error, "message": message})
-    with pytest.raises(AirflowException) as other:  # other errors keep the task's retries
+    # Other errors keep the task's retries, and reach the task with their own type and message.
+    with pytest.raises(SourceUnavailable, match="^no broker$") as other:
         plan.execute_complete({}, {"status": "error", "error": "SourceUnavailable", "message": "no broker"})
     assert not isinstance(other.value, AirflowFailException)
+    # The terminal one carries the original error too: its type and message are in the chain.
+    with pytest.raises(AirflowFailException) as terminal:
+        plan.execute_complete({}, {"status": "error", "error": error, "message": message})
+    assert type(terminal.value.__cause__).__name__ == error and str(terminal.value.__cause__) == message
+    with pytest.raises(AirflowException, match="Boom: odd"):  # not one of ours: said as it was
+        plan.execute_complete({}, {"status": "error", "error": "Boom", "message": "odd"})
 
 
 @pytest.mark.parametrize("trigger", [

@@ -1,0 +1,194 @@
+"""The steps of a window's life, once, without Airflow.
+
+Read this module top to bottom to follow one window::
+
+    plan ──► stage ──► prepare ──► commit
+      └──────── abort (the teardown) ◄──┘
+
+Each step takes plain values (a ledger, a Kafka log, a bound target's Sink, an
+attempt) and returns a plain, serialisable result. The Airflow operators and
+the sensor turn their connections into those values through a hook and call one
+step; the fault suite (tests/harness/chaos.py) calls the same functions, with
+only the Spark job replaced by its Python stand-in; the benchmark reads its
+figures from the results (the tasks' XCom). The protocol inside each step
+(epochs, fencing, checkpoints, the commit's transaction) is the core's and the
+target's: :mod:`airflow_eos.core.attempt`, :class:`airflow_eos.core.sink.Sink`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_eos.core.attempt import Attempt, Readiness
+from airflow_eos.core.errors import WindowNotClosed
+from airflow_eos.core.faults import fault_point
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.plan import PlanRequest, plan_window
+from airflow_eos.core.sink import CommitResult, Sink
+from airflow_eos.core.source import PartitionLog, mirror_offsets
+from airflow_eos.core.windows import Window, WindowPlan
+
+log = logging.getLogger(__name__)
+
+# The stage job: given the open attempt, read the plan, transform, stage and
+# checkpoint; returns its report (plain values) or None. Spark in production
+# (spark-submit or Spark Connect), a Python stand-in in the fault suite.
+StageJob = Callable[[Attempt], "Mapping[str, Any] | None"]
+
+
+# --------------------------------------------------------------------------- 1. plan
+
+
+def plan(ledger: Ledger, kafka_log: PartitionLog, request: PlanRequest) -> WindowPlan | None:
+    """Freeze the window's cuts (or return the frozen ones): None while the
+    window is not closed yet (a partition has not passed its end). Raises
+    SkewedTimestamp, OwnershipConflict, WindowConflict when planning cannot
+    succeed as asked (terminal errors: see core/errors.py)."""
+    try:
+        window_plan = plan_window(ledger, kafka_log, request)
+    except WindowNotClosed as exc:
+        log.info("%s", exc)
+        return None
+    log.info("window %s planned: %d partition range(s), at most %d records",
+             window_plan.window, len(window_plan.ranges), window_plan.max_records)
+    for r in window_plan.ranges:
+        log.info("  %s [%d, %d)", r.tp, r.start_offset, r.end_offset)
+    return window_plan
+
+
+# --------------------------------------------------------------------------- 2. stage
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The stage step's result: the attempt it opened, and the job's report.
+    Its dict is the attempt's dict plus ``report`` and ``stage_seconds``, so
+    every consumer of an attempt (the sensor, the commit) reads it as one."""
+
+    attempt: Attempt
+    report: Mapping[str, Any] | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.attempt.to_dict(), "report": dict(self.report) if self.report else None,
+                "stage_seconds": round(self.seconds, 3)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Staged":
+        return cls(Attempt.from_dict(data), data.get("report"), float(data.get("stage_seconds") or 0.0))
+
+
+def stage(sink: Sink, window_plan: WindowPlan, job: StageJob) -> Staged:
+    """Open a new attempt of the planned window (its epoch fences every older
+    attempt, zombies included) and run the stage job for it. If the job fails,
+    the attempt is aborted (its staging dropped) before the error goes on; if
+    the process dies instead, the attempt stays live until the window's abort
+    task, a newer attempt or the sweep ends it."""
+    attempt = sink.begin(window_plan.window)
+    log.info("%s opened (epoch %d fences every older attempt); staging %s", attempt, attempt.epoch, attempt.staging)
+    started = time.monotonic()
+    try:
+        report = job(attempt)
+    except Exception as exc:
+        _abort_after(sink, attempt, f"stage job failed: {type(exc).__name__}: {exc}")
+        raise
+    staged = Staged(attempt, report, time.monotonic() - started)
+    log.info("%s: stage job finished in %.1fs", attempt, staged.seconds)
+    return staged
+
+
+def _abort_after(sink: Sink, attempt: Attempt, reason: str) -> None:
+    try:
+        if sink.abort(attempt, reason[:2000]):
+            log.info("%s aborted after its stage job failed; its staging is dropped", attempt)
+    except Exception as exc:  # noqa: BLE001 - the job's failure is the one to report; the abort task retries
+        log.warning("could not abort %s after its stage job failed: %s", attempt, exc)
+
+
+# --------------------------------------------------------------------------- 3. prepare
+
+
+def prepare(sink: Sink, attempt: Attempt) -> Readiness:
+    """The barrier: mark the attempt prepared once its checkpoint is durable
+    and proves the window complete. Not ready (the checkpoint is not written
+    yet) is an answer; raises when waiting cannot help (fenced, aborted,
+    incomplete)."""
+    readiness = sink.prepare(attempt)
+    log.info("%s", readiness.detail)
+    return readiness
+
+
+# --------------------------------------------------------------------------- 4. commit
+
+
+@dataclass(frozen=True)
+class OffsetMirror:
+    """Where a commit also mirrors the pipeline's offsets, for lag tools."""
+
+    kafka_config: Mapping[str, Any] = field(repr=False)
+    group_id: str
+
+
+@dataclass(frozen=True)
+class Committed:
+    """The commit step's result (the commit task's XCom and its Asset event's extra)."""
+
+    pipeline: str
+    window_start: str
+    window_end: str
+    epoch: int
+    outcome: str  # core.sink: published | replaced | already_committed | skipped
+    committed_epoch: int
+    published_rows: int
+    dead_letter_rows: int
+    replaced_rows: int = 0
+    seconds: float = 0.0  # the target's commit (its transaction), not the task
+    mirrored_to: str | None = None
+
+    @classmethod
+    def of(cls, result: CommitResult, mirrored_to: str | None = None) -> "Committed":
+        a = result.attempt
+        return cls(a.pipeline, a.window_start.isoformat(), a.window_end.isoformat(), a.epoch, str(result.outcome),
+                   result.committed_epoch, result.published_rows, result.dead_letter_rows, result.replaced_rows,
+                   round(result.seconds, 3), mirrored_to)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def commit(sink: Sink, attempt: Attempt, *, mirror: OffsetMirror | None = None) -> Committed:
+    """Publish the prepared attempt atomically with the pipeline's offsets.
+    Idempotent: a retry after success does nothing and says so; a window
+    committed by another attempt is skipped or replaced, as the target says.
+    Then, if asked, mirror the pipeline's offsets to a consumer group (after
+    the commit: the ledger stays the source of truth, a lost mirror is redone
+    by the next commit)."""
+    result = sink.commit(attempt)
+    log.info("%s", result)
+    fault_point("commit.after_commit")
+    mirrored_to = None
+    if mirror is not None and result.offsets:
+        mirror_offsets(dict(mirror.kafka_config), mirror.group_id, result.offsets)
+        mirrored_to = mirror.group_id
+        log.info("offsets mirrored to consumer group %r", mirror.group_id)
+    return Committed.of(result, mirrored_to)
+
+
+# --------------------------------------------------------------------------- 5. abort
+
+
+def abort(sink: Sink, window: Window, reason: str) -> list[int]:
+    """Abort every live attempt of the window (the teardown of its task group):
+    each is marked aborted and its staging dropped; the window stays planned
+    and can run again. Returns the epochs aborted."""
+    aborted = sink.abort_window(window, reason)
+    if aborted:
+        log.info("window %s: aborted attempt(s) %s and dropped their staging",
+                 window, ", ".join(str(a.epoch) for a in aborted))
+    else:
+        log.info("window %s: no live attempt to abort", window)
+    return [a.epoch for a in aborted]
