@@ -28,7 +28,7 @@ from airflow_eos.core.errors import WindowNotClosed
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest, plan_window
-from airflow_eos.core.sink import CommitResult, Sink
+from airflow_eos.core.sink import CommitOutcome, CommitResult, Sink
 from airflow_eos.core.source import PartitionLog, mirror_offsets
 from airflow_eos.core.windows import Window, WindowPlan
 
@@ -141,7 +141,7 @@ class Committed:
     window_start: str
     window_end: str
     epoch: int
-    outcome: str  # core.sink: published | replaced | already_committed | skipped
+    outcome: str  # a CommitOutcome value: published | replaced | already_committed | skipped
     committed_epoch: int
     published_rows: int
     dead_letter_rows: int
@@ -152,9 +152,9 @@ class Committed:
     @classmethod
     def of(cls, result: CommitResult, mirrored_to: str | None = None) -> "Committed":
         a = result.attempt
-        return cls(a.pipeline, a.window_start.isoformat(), a.window_end.isoformat(), a.epoch, str(result.outcome),
-                   result.committed_epoch, result.published_rows, result.dead_letter_rows, result.replaced_rows,
-                   round(result.seconds, 3), mirrored_to)
+        return cls(a.pipeline, a.window_start.isoformat(), a.window_end.isoformat(), a.epoch,
+                   CommitOutcome(result.outcome).value, result.committed_epoch, result.published_rows,
+                   result.dead_letter_rows, result.replaced_rows, round(result.seconds, 3), mirrored_to)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -1,6 +1,8 @@
-"""The two-phase-commit sink interface, in the spirit of Flink's Sink V2.
+"""The two-phase-commit sink interface, in the spirit of Flink's Sink V2
+(``org.apache.flink.api.connector.sink2``: a writer that stages, a committer
+whose commit is idempotent).
 
-A window's life through a sink::
+A window's life through a sink (airflow_eos/steps.py calls these)::
 
     attempt = sink.begin(window)          # stage: new epoch (fences older attempts), staging
     writer = sink.writer(attempt)         # picklable; used inside Spark tasks
@@ -11,13 +13,33 @@ A window's life through a sink::
 
 The target-independent protocol (epochs, checkpoints, prepare's checks, ledger
 states) lives in :mod:`airflow_eos.core.attempt`; a sink supplies its staging,
-its writer, a count of what is staged, the commit and the abort.
+its writer, a count of what is staged, the commit and the abort. A target's
+serialisable spec (core/target.py) builds its sink.
+
+The contract every sink keeps, whatever Airflow does (retries, clears, zombies):
+
+- **Fencing.** ``begin`` makes the new attempt the window's only committable one;
+  every method that moves an attempt forward (checkpoint, prepare, commit)
+  refuses an attempt that a newer one fenced, inside the same ledger
+  transaction that would move it.
+- **Nothing published without a decision.** The window becomes committed in the
+  ledger, with the pipeline's offsets, in one transaction; no row, file or
+  record becomes visible to readers of the target before that transaction
+  commits, and none of an attempt that never commits.
+- **Idempotent commit.** ``commit`` may be called any number of times, by any
+  process, concurrently, after a crash at any point inside it: the target ends
+  up holding the window's rows exactly once, and each call says what it did
+  (:class:`CommitOutcome`). A commit that was decided but whose publishing did
+  not finish (a target without transactions) is finished by the next call.
+- **Abort is safe at any time.** ``abort`` of a committed attempt does nothing;
+  of a live one, it drops its staging. It never touches published data.
 """
 
 from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from enum import Enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -30,16 +52,28 @@ from airflow_eos.core.windows import TopicPartition, Window
 
 log = logging.getLogger(__name__)
 
-PUBLISHED = "published"  # the window's rows were published for the first time
-REPLACED = "replaced"  # the window was committed before; its rows were replaced (on_committed="replace")
-ALREADY_COMMITTED = "already_committed"  # this attempt committed before: a retried commit, nothing done
-SKIPPED = "skipped"  # another attempt committed the window; on_committed="skip": nothing done
+class CommitOutcome(str, Enum):
+    """What a commit did (a str: it travels in XCom and Asset events as its value)."""
+
+    PUBLISHED = "published"  # the window's rows were published for the first time
+    REPLACED = "replaced"  # the window was committed before; its rows were replaced (on_committed="replace")
+    ALREADY_COMMITTED = "already_committed"  # this attempt committed before: a retried commit, nothing done
+    SKIPPED = "skipped"  # another attempt committed the window; on_committed="skip": nothing done
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PUBLISHED = CommitOutcome.PUBLISHED
+REPLACED = CommitOutcome.REPLACED
+ALREADY_COMMITTED = CommitOutcome.ALREADY_COMMITTED
+SKIPPED = CommitOutcome.SKIPPED
 
 
 @dataclass(frozen=True)
 class CommitResult:
     attempt: Attempt
-    outcome: str  # PUBLISHED | REPLACED | ALREADY_COMMITTED | SKIPPED
+    outcome: CommitOutcome
     committed_epoch: int  # the epoch whose rows the target holds now
     published_rows: int  # rows of the window in the target, as recorded when it was committed
     dead_letter_rows: int
@@ -112,8 +146,17 @@ class Sink(ABC):
 
     @abstractmethod
     def commit(self, attempt: Attempt) -> CommitResult:
-        """Publish a prepared attempt atomically with its offsets. Idempotent:
-        a retry after success does nothing and says so."""
+        """Publish a prepared attempt atomically with the pipeline's offsets.
+
+        Must be idempotent: the same attempt may be committed again after
+        success (a retried task: ALREADY_COMMITTED, nothing done), after a crash
+        anywhere inside this method (finish what was decided, or decide now),
+        and concurrently with another commit of the same or another attempt of
+        the window (one wins; the other sees its outcome). A window committed
+        by another attempt is SKIPPED or REPLACED as the target's
+        ``on_committed`` says, never published twice. Raises AttemptFenced for
+        a fenced attempt, NotPrepared if the staging no longer matches its
+        checkpoint, and never leaves the target half-published."""
 
     @abstractmethod
     def abort(self, attempt: Attempt, reason: str) -> bool:

@@ -1,22 +1,23 @@
 """A deterministic window driver for fault-injection tests (tests/chaos).
 
-It executes a window's steps exactly as the Airflow tasks of
-``exactly_once_window`` do, calling the same core functions, without Airflow
-or spark-submit, so that hundreds of fault schedules fit in minutes:
+It runs a window's steps as the Airflow tasks of ``exactly_once_window`` do,
+calling the same functions they call (airflow_eos.steps), without Airflow or
+spark-submit, so that hundreds of fault schedules fit in minutes. Only the
+Spark job is replaced, by its Python stand-in (:func:`python_job`):
 
-    plan      plan_window (KafkaLog)                            [plan.after_freeze]
-    stage     target.begin, then the stage job: the job's own   [stage.mid_write,
-              reader (read_range over plan_tasks), a Python      stage.before_checkpoint,
-              transform, StagingWriter (one writer transaction   abort.inside: the job's
-              per read task, as a Spark write task), the job     abort after a failure]
-              commit's coverage check and target.checkpoint;
-              on failure the attempt is aborted, as Spark's
-              writer abort does
-    await     target.prepare                                    [checkpoint.before_prepare]
-    commit    target.commit, then what EosCommitOperator does   [commit.before_publish,
-              after it: mirror offsets to a consumer group,      commit.after_publish,
-              emit the Asset event (recorded here)               commit.after_commit]
-    abort     target.abort_window (teardown, setup = plan)      [abort.inside]
+    plan      steps.plan (KafkaLog)                             [plan.after_freeze]
+    stage     steps.stage: begin, then the job's stand-in: the  [stage.mid_write,
+              job's own reader (read_range over plan_tasks), a   stage.before_checkpoint,
+              Python transform, the target's writer (one writer  abort.inside: the step's
+              transaction per read task, as a Spark write task), abort after a failure]
+              the job commit's coverage check and
+              target.checkpoint; on failure steps.stage aborts
+              the attempt
+    await     steps.prepare                                     [checkpoint.before_prepare]
+    commit    steps.commit: commit, mirror offsets to a         [commit.before_publish,
+              consumer group, the summary (the Asset event's     commit.after_publish,
+              extra, recorded here)                              commit.after_commit]
+    abort     steps.abort (teardown, setup = plan)              [abort.inside]
 
 A step whose window has faults at its points runs in a child process (forked
 from a clean fork server) with ``EOS_FAULTS`` set, so ``crash`` really ends a
@@ -66,17 +67,17 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
+from airflow_eos import steps
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, ConsumedRange
 from airflow_eos.core.errors import InvalidCheckpoint
 from airflow_eos.core.faults import ENV as FAULTS_ENV
 from airflow_eos.core.faults import POINTS
 from airflow_eos.core.faults import STATE_ENV as FAULTS_STATE_ENV
-from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.plan import PlanRequest, plan_window
+from airflow_eos.core.plan import PlanRequest
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW, STAGING_SCHEMA, PostgresTarget
-from airflow_eos.core.source import KafkaLog, mirror_offsets
+from airflow_eos.core.source import KafkaLog
 from airflow_eos.verify import VerifyReport, verify
 from airflow_eos.core.windows import TopicPartition, Window, WindowPlan, to_millis
 
@@ -264,17 +265,20 @@ class Pipeline:
 
 
 def plan_step(p: Pipeline, window: Window) -> dict:
-    """EosPlanWindowOperator: the frozen plan (the window is closed in these tests)."""
+    """EosPlanWindowOperator: steps.plan (the window is closed in these tests)."""
     with KafkaLog(dict(p.kafka_config)) as kafka_log:
-        plan = plan_window(p.ledger, kafka_log, PlanRequest(window, p.topics, timedelta(minutes=5)))
+        plan = steps.plan(p.ledger, kafka_log, PlanRequest(window, p.topics, timedelta(minutes=5)))
+    if plan is None:
+        raise NotReady(f"window {window} is not closed")
     return plan.to_dict()
 
 
 def stage_attempt(p: Pipeline, plan: WindowPlan, attempt: Attempt, *,
                   between_batches: Callable[[int], None] | None = None) -> attempts.Checkpoint:
-    """The stage job without Spark: its reader, its writer, its job commit.
-    ``between_batches(n)`` is called before the n-th batch (n >= 1) of the whole
-    job is handed to a writer (for tests that break things mid-stage)."""
+    """The stage job without Spark (its Python stand-in): the job's reader, the
+    target's writer, the job commit. ``between_batches(n)`` is called before the
+    n-th batch (n >= 1) of the whole job is handed to a writer (for tests that
+    break things mid-stage)."""
     from airflow_eos.spark.kafka_source import ReadStats, plan_tasks, read_range
 
     target = p.target
@@ -307,52 +311,45 @@ def stage_attempt(p: Pipeline, plan: WindowPlan, attempt: Attempt, *,
     return target.checkpoint(attempt, consumed, chunks)
 
 
+def python_job(p: Pipeline, plan: WindowPlan) -> Callable[[Attempt], dict]:
+    """The stage job's Python stand-in, as steps.stage runs a job."""
+    def job(attempt: Attempt) -> dict:
+        checkpoint = stage_attempt(p, plan, attempt)
+        return {"rows_staged": checkpoint.row_count, "dead_letters": checkpoint.dead_letter_count}
+    return job
+
+
 def stage_step(p: Pipeline, plan_dict: dict) -> dict:
-    """EosSparkStageOperator: open a new attempt, run the stage job; the job's
-    failure aborts the attempt (Spark's writer abort), a crash leaves it open."""
+    """EosSparkStageOperator: steps.stage with the job's Python stand-in (the
+    step opens a new attempt; the job's failure aborts it; a crash leaves it open)."""
     plan = WindowPlan.from_dict(plan_dict)
-    target = p.target
-    attempt = target.begin(plan.window)
-    try:
-        stage_attempt(p, plan, attempt)
-    except Exception as exc:
-        try:
-            target.abort(attempt, f"stage job failed: {exc}"[:500])
-        except Exception as abort_exc:  # noqa: BLE001 - as run_stage: the first failure matters
-            log.warning("could not abort %s: %s", attempt, abort_exc)
-        raise
-    return attempt.to_dict()
+    return steps.stage(p.target, plan, python_job(p, plan)).to_dict()
 
 
 class NotReady(Exception):
-    """The sensor would keep poking: the checkpoint is not written."""
+    """The sensor would keep poking: the checkpoint is not written (or the plan
+    task would: the window is not closed)."""
 
 
 def await_step(p: Pipeline, attempt_dict: dict) -> str:
-    """EosCheckpointSensor: prepare the attempt. The stage step ran to its end
+    """EosCheckpointSensor: steps.prepare. The stage step ran to its end
     synchronously, so a checkpoint that is not written will never be: fail."""
-    readiness = p.target.prepare(Attempt.from_dict(attempt_dict))
+    readiness = steps.prepare(p.target, Attempt.from_dict(attempt_dict))
     if not readiness.prepared:
         raise NotReady(readiness.detail)
     return readiness.detail
 
 
 def commit_step(p: Pipeline, attempt_dict: dict) -> dict:
-    """EosCommitOperator.execute: commit, then mirror offsets, then the summary
-    that becomes the Asset event's extra."""
-    attempt = Attempt.from_dict(attempt_dict)
-    result = p.target.commit(attempt)
-    fault_point("commit.after_commit")
-    if p.mirror_group and result.offsets:
-        mirror_offsets(p.kafka_config, p.mirror_group, result.offsets)
-    return {"window_start": attempt.window_start.isoformat(), "epoch": attempt.epoch, "outcome": result.outcome,
-            "committed_epoch": result.committed_epoch, "published_rows": result.published_rows,
-            "dead_letter_rows": result.dead_letter_rows}
+    """EosCommitOperator: steps.commit (commit, mirror offsets, the summary that
+    becomes the Asset event's extra)."""
+    mirror = steps.OffsetMirror(dict(p.kafka_config), p.mirror_group) if p.mirror_group else None
+    return steps.commit(p.target, Attempt.from_dict(attempt_dict), mirror=mirror).to_dict()
 
 
 def abort_step(p: Pipeline, window: Window, reason: str = "aborted by the teardown") -> list[int]:
-    """EosAbortOperator: abort every live attempt of the window."""
-    return [a.epoch for a in p.target.abort_window(window, reason)]
+    """EosAbortOperator: steps.abort."""
+    return steps.abort(p.target, window, reason)
 
 
 def mirrored_offsets(kafka_config: Mapping[str, Any], group_id: str,
@@ -464,18 +461,20 @@ class SparkStager:
 
         plan = WindowPlan.from_dict(plan_dict)
         env = self.spark.sparkContext.environment
+
+        def job(attempt: Attempt) -> dict:
+            return run_stage(self.spark, plan, attempt, p.target, dict(p.kafka_config), spark_transform,
+                             max_records_per_task=p.max_records_per_task, max_bad_records=1_000_000).to_dict()
+
         with self.lock:
-            attempt = p.target.begin(plan.window)
             if faults:
                 env[FAULTS_ENV], env[FAULTS_STATE_ENV] = faults, str(state_dir)
             try:
-                run_stage(self.spark, plan, attempt, p.target, dict(p.kafka_config), spark_transform,
-                          max_records_per_task=p.max_records_per_task, max_bad_records=1_000_000)
+                return steps.stage(p.target, plan, job).to_dict()
             finally:
                 env.pop(FAULTS_ENV, None)
                 env.pop(FAULTS_STATE_ENV, None)
                 register(self.spark)  # drop the faults from the registered data sources
-        return attempt.to_dict()
 
 
 # --------------------------------------------------------------------------- DAG runs of windows
