@@ -34,7 +34,7 @@ from airflow_eos.core.windows import TopicPartition
 
 PROG = "airflow-eos"
 OK, VIOLATIONS, USAGE = 0, 1, 2
-ATTEMPT_STATES = (attempts.OPEN, attempts.CHECKPOINTED, attempts.PREPARED, attempts.COMMITTED, attempts.ABORTED)
+ATTEMPT_STATES = tuple(attempts.AttemptState)  # in the order of an attempt's life
 
 
 class UsageError(Exception):

@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.errors import (
@@ -38,7 +39,7 @@ from airflow_eos.core.errors import (
     WindowNotPlanned,
 )
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.ledger import Ledger, WindowState
 from airflow_eos.core.windows import PartitionRange, TopicPartition, Window, to_utc
 
 if TYPE_CHECKING:  # psycopg is loaded by core.database.connect, not by importing the ledger
@@ -46,12 +47,30 @@ if TYPE_CHECKING:  # psycopg is loaded by core.database.connect, not by importin
 
 log = logging.getLogger(__name__)
 
-OPEN = "open"
-CHECKPOINTED = "checkpointed"
-PREPARED = "prepared"
-COMMITTED = "committed"
-ABORTED = "aborted"
+
+
+class AttemptState(str, Enum):
+    """An attempt's state, stored in ``eos.attempts.state`` as its value (a
+    member is a str, so psycopg binds it as that text and it equals it)."""
+
+    OPEN = "open"
+    CHECKPOINTED = "checkpointed"
+    PREPARED = "prepared"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+    def __str__(self) -> str:  # the value in messages and f-strings, not "AttemptState.OPEN"
+        return self.value
+
+
+OPEN = AttemptState.OPEN
+CHECKPOINTED = AttemptState.CHECKPOINTED
+PREPARED = AttemptState.PREPARED
+COMMITTED = AttemptState.COMMITTED
+ABORTED = AttemptState.ABORTED
 LIVE = (OPEN, CHECKPOINTED, PREPARED)  # may still be aborted (or swept)
+# LIVE as SQL literals: a query with this predicate can use the partial index attempts_open
+_LIVE_SQL = ", ".join(f"'{s.value}'" for s in LIVE)
 
 
 # --------------------------------------------------------------------------- attempts
@@ -131,11 +150,11 @@ class AttemptStatus:
     """An attempt's row and its window's, read together."""
 
     epoch: int
-    state: str
+    state: AttemptState
     reason: str | None
     row_count: int | None
     dead_letter_count: int | None
-    window_state: str
+    window_state: WindowState
     window_epoch: int
     committed_epoch: int | None
     published_rows: int | None
@@ -163,7 +182,9 @@ def load_status(conn: psycopg.Connection, attempt: Attempt, *, lock: bool = Fals
     ).fetchone()
     if window is None or row is None:
         raise WindowNotPlanned(f"{attempt} is not in the ledger of this database")
-    return AttemptStatus(attempt.epoch, *row, *window)
+    state, *attempt_rest = row
+    window_state, *window_rest = window
+    return AttemptStatus(attempt.epoch, AttemptState(state), *attempt_rest, WindowState(window_state), *window_rest)
 
 
 def check_current(attempt: Attempt, status: AttemptStatus, doing: str) -> None:
@@ -185,7 +206,7 @@ def live_attempts(conn: psycopg.Connection, *, window: Window | None = None,
     rows = conn.execute(
         "SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table"
         " FROM eos.attempts a JOIN eos.windows w USING (pipeline, window_start)"
-        " WHERE a.state IN ('open', 'checkpointed', 'prepared')"
+        f" WHERE a.state IN ({_LIVE_SQL})"
         "   AND (%(p)s::text IS NULL OR (a.pipeline = %(p)s AND a.window_start = %(ws)s))"
         "   AND (%(before)s::timestamptz IS NULL OR a.opened_at < %(before)s)"
         " ORDER BY a.opened_at, a.pipeline, a.window_start, a.epoch",
@@ -303,9 +324,9 @@ def write_checkpoint(conn: psycopg.Connection, attempt: Attempt, checkpoint: Che
             [(*key, c.chunk, c.rows, c.dead_letters, c.checksum) for c in checkpoint.chunks],
         )
     conn.execute(
-        "UPDATE eos.attempts SET state = 'checkpointed', checkpointed_at = now(), row_count = %s,"
+        "UPDATE eos.attempts SET state = %s, checkpointed_at = now(), row_count = %s,"
         " dead_letter_count = %s, checksum = %s WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-        (checkpoint.row_count, checkpoint.dead_letter_count, checkpoint.checksum, *key),
+        (CHECKPOINTED, checkpoint.row_count, checkpoint.dead_letter_count, checkpoint.checksum, *key),
     )
     log.info("%s checkpointed: %d rows, %d dead letters in %d chunks; %s", attempt, checkpoint.row_count,
              checkpoint.dead_letter_count, len(checkpoint.chunks),
@@ -414,9 +435,9 @@ def prepare(ledger: Ledger, attempt: Attempt,
             status = load_status(conn, attempt, lock=True)  # an abort or a newer attempt may have come meanwhile
             check_current(attempt, status, "prepare")
             conn.execute(
-                "UPDATE eos.attempts SET state = 'prepared', prepared_at = coalesce(prepared_at, now())"
+                "UPDATE eos.attempts SET state = %s, prepared_at = coalesce(prepared_at, now())"
                 " WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-                (attempt.pipeline, attempt.window_start, attempt.epoch),
+                (PREPARED, attempt.pipeline, attempt.window_start, attempt.epoch),
             )
     detail = (f"{attempt} prepared: {checkpoint.row_count} rows and {checkpoint.dead_letter_count} dead letters "
               f"staged, {len(checkpoint.ranges)} partition(s) consumed to their end cuts")
@@ -440,14 +461,15 @@ def mark_committed(conn: psycopg.Connection, attempt: Attempt, published_rows: i
     Call in the transaction that published the rows, holding load_status's locks.
     Returns the pipeline's offsets after this commit."""
     conn.execute(
-        "UPDATE eos.windows SET state = 'committed', committed_at = now(), committed_epoch = %s,"
+        "UPDATE eos.windows SET state = %s, committed_at = now(), committed_epoch = %s,"
         " published_rows = %s, dead_letter_rows = %s WHERE pipeline = %s AND window_start = %s",
-        (attempt.epoch, published_rows, dead_letter_rows, attempt.pipeline, attempt.window_start),
+        (WindowState.COMMITTED, attempt.epoch, published_rows, dead_letter_rows, attempt.pipeline,
+         attempt.window_start),
     )
     conn.execute(
-        "UPDATE eos.attempts SET state = 'committed', ended_at = now()"
+        "UPDATE eos.attempts SET state = %s, ended_at = now()"
         " WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-        (attempt.pipeline, attempt.window_start, attempt.epoch),
+        (COMMITTED, attempt.pipeline, attempt.window_start, attempt.epoch),
     )
     return advance_offsets(conn, attempt.pipeline)
 
@@ -469,14 +491,14 @@ def advance_offsets(conn: psycopg.Connection, pipeline: str) -> dict[TopicPartit
             SELECT window_start, state, lag(window_end) OVER (ORDER BY window_start) AS previous_end
             FROM eos.windows WHERE pipeline = %(p)s
         ), stop AS (
-            SELECT min(window_start) AS at FROM w WHERE state <> 'committed' OR previous_end <> window_start
+            SELECT min(window_start) AS at FROM w WHERE state <> %(committed)s OR previous_end <> window_start
         )
         SELECT DISTINCT ON (r.topic, r.partition) r.topic, r.partition, r.end_offset
         FROM eos.window_ranges r, stop
         WHERE r.pipeline = %(p)s AND (stop.at IS NULL OR r.window_start < stop.at)
         ORDER BY r.topic, r.partition, r.window_start DESC
         """,
-        {"p": pipeline},
+        {"p": pipeline, "committed": WindowState.COMMITTED},
     ).fetchall()
     offsets = {TopicPartition(t, p): o for t, p, o in rows}
     topics, partitions, values = [t for t, _, _ in rows], [p for _, p, _ in rows], [o for _, _, o in rows]
@@ -517,9 +539,9 @@ def mark_aborted(conn: psycopg.Connection, attempt: Attempt, reason: str) -> boo
     if row is None or row[0] not in LIVE:
         return False
     conn.execute(
-        "UPDATE eos.attempts SET state = 'aborted', ended_at = now(), reason = %s"
+        "UPDATE eos.attempts SET state = %s, ended_at = now(), reason = %s"
         " WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-        (reason, attempt.pipeline, attempt.window_start, attempt.epoch),
+        (ABORTED, reason, attempt.pipeline, attempt.window_start, attempt.epoch),
     )
     log.info("%s aborted: %s", attempt, reason)
     return True

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.database import connect, redact
@@ -30,6 +31,17 @@ _MIGRATION_LOCK = 0x656F735F6D6967  # "eos_mig"
 # First key of the two-key advisory lock on a target's claims (the second is a
 # hash of the target); two-key locks never collide with the one-key one above.
 _CLAIM_LOCK = 0x656F7374  # "eost"
+
+
+class WindowState(str, Enum):
+    """A window's state, stored in ``eos.windows.state`` as its value: planned
+    (frozen, maybe staged) until one attempt of it commits."""
+
+    PLANNED = "planned"
+    COMMITTED = "committed"
+
+    def __str__(self) -> str:  # the value in messages and f-strings, not "WindowState.PLANNED"
+        return self.value
 
 
 def _claim(row: tuple) -> Claim:
