@@ -216,6 +216,15 @@ def live_attempts(conn: psycopg.Connection, *, window: Window | None = None,
     return [Attempt(*r) for r in rows]
 
 
+def attempt_counts(conn: psycopg.Connection, pipeline: str) -> dict[datetime, dict[AttemptState, int]]:
+    """How many attempts of each window of the pipeline are in each state."""
+    counts: dict[datetime, dict[AttemptState, int]] = {}
+    for window_start, state, n in conn.execute(
+            "SELECT window_start, state, count(*) FROM eos.attempts WHERE pipeline = %s GROUP BY 1, 2", (pipeline,)):
+        counts.setdefault(window_start, {})[AttemptState(state)] = n
+    return counts
+
+
 # --------------------------------------------------------------------------- checkpoint
 
 
