@@ -34,7 +34,7 @@ from airflow_eos.core.windows import TopicPartition
 
 PROG = "airflow-eos"
 OK, VIOLATIONS, USAGE = 0, 1, 2
-ATTEMPT_STATES = (attempts.OPEN, attempts.CHECKPOINTED, attempts.PREPARED, attempts.COMMITTED, attempts.ABORTED)
+ATTEMPT_STATES = tuple(attempts.AttemptState)  # in the order of an attempt's life
 
 
 class UsageError(Exception):
@@ -233,26 +233,19 @@ def print_status(ledger: Ledger, pipeline: str, out: TextIO, *, kafka_config: di
     kafka = kafka_config
     with ledger.connect() as conn, conn.transaction():
         _require_ledger(conn, ledger)
-        windows = conn.execute(
-            "SELECT window_start, window_end, state, epoch, published_rows, dead_letter_rows, committed_at"
-            " FROM eos.windows WHERE pipeline = %s ORDER BY window_start", (pipeline,)).fetchall()
+        windows = ledger.windows(conn, pipeline)
         if not windows:
-            known = [r[0] for r in conn.execute("SELECT DISTINCT pipeline FROM eos.windows ORDER BY 1 LIMIT 20")]
+            known = ledger.pipelines_with_windows(conn, limit=20)
             raise UsageError(f"pipeline {pipeline!r} has no windows in {redact(ledger.url)}"
                              + (f"; it knows: {', '.join(known)}" if known else ""))
-        counts: dict[datetime, dict[str, int]] = {}
-        for ws, state, n in conn.execute(
-                "SELECT window_start, state, count(*) FROM eos.attempts WHERE pipeline = %s GROUP BY 1, 2",
-                (pipeline,)):
-            counts.setdefault(ws, {})[state] = n
+        counts = attempts.attempt_counts(conn, pipeline)
         offsets = attempts.load_offsets(conn, pipeline)
         claim = ledger.load_claim(conn, pipeline) if ledger.records_claims(conn) else None
-        planned = {TopicPartition(t, p) for t, p in conn.execute(
-            "SELECT DISTINCT topic, partition FROM eos.window_ranges WHERE pipeline = %s", (pipeline,))}
+        planned = ledger.planned_partitions(conn, pipeline)
 
     by_state: dict[str, int] = {}
     for w in windows:
-        by_state[w[2]] = by_state.get(w[2], 0) + 1
+        by_state[w.state] = by_state.get(w.state, 0) + 1
     shown = windows[-limit:] if limit > 0 else windows
     print(f"pipeline {pipeline}: {len(windows)} window(s), "
           + ", ".join(f"{n} {state}" for state, n in sorted(by_state.items())), file=out)
@@ -288,11 +281,11 @@ def print_status(ledger: Ledger, pipeline: str, out: TextIO, *, kafka_config: di
 def _require_ledger(conn: psycopg.Connection, ledger: Ledger) -> None:
     """Refuse, in words, a database where airflow-eos never ran (rather than
     fail on the first query with the server's "relation does not exist")."""
-    if conn.execute("SELECT to_regclass('eos.windows') IS NULL OR to_regclass('eos.attempts') IS NULL").fetchone()[0]:
+    if not ledger.has_tables(conn, "eos.windows", "eos.attempts"):
         raise UsageError(f"no airflow-eos ledger in {redact(ledger.url)}: schema eos is missing")
 
 
-def _attempts(states: dict[str, int]) -> str:
+def _attempts(states: dict[attempts.AttemptState, int]) -> str:
     return ", ".join(f"{states[s]} {s}" for s in ATTEMPT_STATES if s in states) or "-"
 
 
@@ -374,11 +367,10 @@ def cmd_sweep(args, out: TextIO) -> int:
 def cmd_release(args, out: TextIO) -> int:
     ledger = Ledger(_postgres_url(args))
     with ledger.connect() as conn, conn.transaction():
-        if conn.execute("SELECT to_regclass('eos.pipelines') IS NULL").fetchone()[0]:
+        if not ledger.has_tables(conn, "eos.pipelines"):
             raise UsageError(f"no airflow-eos ledger in {redact(ledger.url)}: schema eos is missing")
-        if not conn.execute("SELECT EXISTS (SELECT 1 FROM eos.pipelines WHERE pipeline = %s)",
-                            (args.pipeline,)).fetchone()[0]:
-            known = [r[0] for r in conn.execute("SELECT pipeline FROM eos.pipelines ORDER BY 1 LIMIT 20")]
+        if not ledger.has_pipeline(conn, args.pipeline):
+            known = ledger.pipelines(conn, limit=20)
             raise UsageError(f"pipeline {args.pipeline!r} is not in the ledger of {redact(ledger.url)}"
                              + (f"; it knows: {', '.join(known)}" if known else ""))
         released = ledger.release(conn, args.pipeline) if ledger.records_claims(conn) else None

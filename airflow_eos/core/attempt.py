@@ -8,11 +8,9 @@ checkpointed, prepared or committed, like a Kafka producer epoch fencing zombie
 producers. An older attempt may still be writing its staging (a zombie Spark job),
 which is harmless: its rows are never published.
 
-Staged rows arrive in *chunks*: one chunk is one writer transaction (one Spark
-task). The checkpoint, written once on Spark's job commit, lists the chunks of the
-successful tasks with their exact counts; rows of any other chunk (a task that
-failed after its transaction, a speculative duplicate) are never counted nor
-published.
+What an attempt staged is its *checkpoint* (core/checkpoint.py: what it
+consumed, the chunks it staged), written here once its job committed and proved
+against the plan and the staging by prepare.
 
 The functions that take a connection run inside the caller's transaction, so
 that a target sharing the ledger's database (PostgresTarget) can make each step
@@ -24,34 +22,54 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from typing import TYPE_CHECKING
 
+from airflow_eos.core.checkpoint import Checkpoint, ConsumedRange, StagedChunk, coverage_problems
+# The rest of the checkpoint, imported from here before it had a module of its own.
+from airflow_eos.core.checkpoint import chunk_problems, combine_checksums, make_checkpoint  # noqa: F401
 from airflow_eos.core.errors import (
     AttemptClosed,
     AttemptFenced,
-    InvalidCheckpoint,
     NotPrepared,
     WindowConflict,
     WindowNotPlanned,
 )
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.windows import PartitionRange, TopicPartition, Window, to_utc
+from airflow_eos.core.ledger import Ledger, WindowState
+from airflow_eos.core.windows import TopicPartition, Window, to_utc
 
 if TYPE_CHECKING:  # psycopg is loaded by core.database.connect, not by importing the ledger
     import psycopg
 
 log = logging.getLogger(__name__)
 
-OPEN = "open"
-CHECKPOINTED = "checkpointed"
-PREPARED = "prepared"
-COMMITTED = "committed"
-ABORTED = "aborted"
+
+class AttemptState(str, Enum):
+    """An attempt's state, stored in ``eos.attempts.state`` as its value (a
+    member is a str, so psycopg binds it as that text and it equals it)."""
+
+    OPEN = "open"
+    CHECKPOINTED = "checkpointed"
+    PREPARED = "prepared"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+    def __str__(self) -> str:  # the value in messages and f-strings, not "AttemptState.OPEN"
+        return self.value
+
+
+OPEN = AttemptState.OPEN
+CHECKPOINTED = AttemptState.CHECKPOINTED
+PREPARED = AttemptState.PREPARED
+COMMITTED = AttemptState.COMMITTED
+ABORTED = AttemptState.ABORTED
 LIVE = (OPEN, CHECKPOINTED, PREPARED)  # may still be aborted (or swept)
+# LIVE as SQL literals: a query with this predicate can use the partial index attempts_open
+_LIVE_SQL = ", ".join(f"'{s.value}'" for s in LIVE)
 
 
 # --------------------------------------------------------------------------- attempts
@@ -131,11 +149,11 @@ class AttemptStatus:
     """An attempt's row and its window's, read together."""
 
     epoch: int
-    state: str
+    state: AttemptState
     reason: str | None
     row_count: int | None
     dead_letter_count: int | None
-    window_state: str
+    window_state: WindowState
     window_epoch: int
     committed_epoch: int | None
     published_rows: int | None
@@ -163,7 +181,9 @@ def load_status(conn: psycopg.Connection, attempt: Attempt, *, lock: bool = Fals
     ).fetchone()
     if window is None or row is None:
         raise WindowNotPlanned(f"{attempt} is not in the ledger of this database")
-    return AttemptStatus(attempt.epoch, *row, *window)
+    state, *attempt_rest = row
+    window_state, *window_rest = window
+    return AttemptStatus(attempt.epoch, AttemptState(state), *attempt_rest, WindowState(window_state), *window_rest)
 
 
 def check_current(attempt: Attempt, status: AttemptStatus, doing: str) -> None:
@@ -185,7 +205,7 @@ def live_attempts(conn: psycopg.Connection, *, window: Window | None = None,
     rows = conn.execute(
         "SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table"
         " FROM eos.attempts a JOIN eos.windows w USING (pipeline, window_start)"
-        " WHERE a.state IN ('open', 'checkpointed', 'prepared')"
+        f" WHERE a.state IN ({_LIVE_SQL})"
         "   AND (%(p)s::text IS NULL OR (a.pipeline = %(p)s AND a.window_start = %(ws)s))"
         "   AND (%(before)s::timestamptz IS NULL OR a.opened_at < %(before)s)"
         " ORDER BY a.opened_at, a.pipeline, a.window_start, a.epoch",
@@ -195,90 +215,16 @@ def live_attempts(conn: psycopg.Connection, *, window: Window | None = None,
     return [Attempt(*r) for r in rows]
 
 
+def attempt_counts(conn: psycopg.Connection, pipeline: str) -> dict[datetime, dict[AttemptState, int]]:
+    """How many attempts of each window of the pipeline are in each state."""
+    counts: dict[datetime, dict[AttemptState, int]] = {}
+    for window_start, state, n in conn.execute(
+            "SELECT window_start, state, count(*) FROM eos.attempts WHERE pipeline = %s GROUP BY 1, 2", (pipeline,)):
+        counts.setdefault(window_start, {})[AttemptState(state)] = n
+    return counts
+
+
 # --------------------------------------------------------------------------- checkpoint
-
-
-@dataclass(frozen=True)
-class ConsumedRange:
-    """Offsets ``[start_offset, end_offset)`` of one partition that the job read,
-    holding ``records`` records (fewer than offsets where the log has gaps)."""
-
-    topic: str
-    partition: int
-    start_offset: int
-    end_offset: int
-    records: int
-
-    @property
-    def tp(self) -> TopicPartition:
-        return TopicPartition(self.topic, self.partition)
-
-
-@dataclass(frozen=True)
-class StagedChunk:
-    """What one writer transaction (one Spark task) staged; the writer returns it
-    and Spark hands it to the job commit, which checkpoints all of them."""
-
-    chunk: int
-    rows: int
-    dead_letters: int
-    checksum: str
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    ranges: tuple[ConsumedRange, ...]
-    chunks: tuple[StagedChunk, ...]
-
-    @property
-    def row_count(self) -> int:
-        return sum(c.rows for c in self.chunks)
-
-    @property
-    def dead_letter_count(self) -> int:
-        return sum(c.dead_letters for c in self.chunks)
-
-    @property
-    def checksum(self) -> str:
-        return combine_checksums(c.checksum for c in self.chunks)
-
-
-def combine_checksums(checksums: Iterable[str]) -> str:
-    """Order-independent: Spark tasks finish in any order. A sum (not XOR), so
-    two identical chunks do not cancel out."""
-    return f"{sum(int(c, 16) for c in checksums) % (1 << 128):032x}"
-
-
-def make_checkpoint(consumed: Iterable[ConsumedRange], chunks: Iterable[StagedChunk]) -> Checkpoint:
-    """Validate what a job reports and merge the sub-ranges of split partitions
-    (one Kafka partition may be read by several Spark tasks) into one range each."""
-    by_tp: dict[TopicPartition, list[ConsumedRange]] = {}
-    for r in consumed:
-        if r.start_offset < 0 or r.end_offset < r.start_offset or not 0 <= r.records <= r.end_offset - r.start_offset:
-            raise InvalidCheckpoint(f"{r.tp}: consumed range [{r.start_offset}, {r.end_offset}) "
-                                    f"with {r.records} records is impossible")
-        by_tp.setdefault(r.tp, []).append(r)
-    merged = []
-    for tp, parts in sorted(by_tp.items()):
-        parts.sort(key=lambda r: r.start_offset)
-        for before, after in zip(parts, parts[1:]):
-            if after.start_offset != before.end_offset:
-                what = "overlap" if after.start_offset < before.end_offset else "leave a gap"
-                raise InvalidCheckpoint(
-                    f"{tp}: consumed ranges [{before.start_offset}, {before.end_offset}) and "
-                    f"[{after.start_offset}, {after.end_offset}) {what}"
-                )
-        merged.append(ConsumedRange(tp.topic, tp.partition, parts[0].start_offset, parts[-1].end_offset,
-                                    sum(p.records for p in parts)))
-    chunks = tuple(chunks)
-    seen = set()
-    for c in chunks:
-        if c.chunk in seen:
-            raise InvalidCheckpoint(f"chunk {c.chunk} is listed twice")
-        if c.rows < 0 or c.dead_letters < 0:
-            raise InvalidCheckpoint(f"chunk {c.chunk} has negative counts")
-        seen.add(c.chunk)
-    return Checkpoint(tuple(merged), tuple(sorted(chunks, key=lambda c: c.chunk)))
 
 
 def write_checkpoint(conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint) -> None:
@@ -303,9 +249,9 @@ def write_checkpoint(conn: psycopg.Connection, attempt: Attempt, checkpoint: Che
             [(*key, c.chunk, c.rows, c.dead_letters, c.checksum) for c in checkpoint.chunks],
         )
     conn.execute(
-        "UPDATE eos.attempts SET state = 'checkpointed', checkpointed_at = now(), row_count = %s,"
+        "UPDATE eos.attempts SET state = %s, checkpointed_at = now(), row_count = %s,"
         " dead_letter_count = %s, checksum = %s WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-        (checkpoint.row_count, checkpoint.dead_letter_count, checkpoint.checksum, *key),
+        (CHECKPOINTED, checkpoint.row_count, checkpoint.dead_letter_count, checkpoint.checksum, *key),
     )
     log.info("%s checkpointed: %d rows, %d dead letters in %d chunks; %s", attempt, checkpoint.row_count,
              checkpoint.dead_letter_count, len(checkpoint.chunks),
@@ -326,51 +272,6 @@ def load_checkpoint(conn: psycopg.Connection, attempt: Attempt) -> Checkpoint:
 
 
 # --------------------------------------------------------------------------- prepare
-
-
-def coverage_problems(planned: Sequence[PartitionRange], consumed: Sequence[ConsumedRange]) -> list[str]:
-    """What the checkpoint lacks to cover the plan exactly: every planned
-    partition read from its start cut to its end cut, nothing else read."""
-    problems = []
-    got = {r.tp: r for r in consumed}
-    for p in planned:
-        c = got.pop(p.tp, None)
-        if p.width == 0 and (c is None or c.end_offset == c.start_offset == p.start_offset):
-            continue
-        if c is None:
-            problems.append(f"{p.tp}: planned [{p.start_offset}, {p.end_offset}), nothing consumed")
-            continue
-        if c.start_offset == p.start_offset and c.end_offset == p.end_offset:
-            continue
-        parts = []
-        if c.start_offset > p.start_offset:
-            parts.append(f"offsets [{p.start_offset}, {min(c.start_offset, p.end_offset)}) not consumed")
-        if c.end_offset < p.end_offset:
-            parts.append(f"offsets [{max(c.end_offset, p.start_offset)}, {p.end_offset}) not consumed")
-        if c.start_offset < p.start_offset or c.end_offset > p.end_offset:
-            parts.append("read outside the plan")
-        problems.append(f"{p.tp}: planned [{p.start_offset}, {p.end_offset}), consumed "
-                        f"[{c.start_offset}, {c.end_offset}): " + ", ".join(parts))
-    for tp, c in sorted(got.items()):
-        if c.end_offset > c.start_offset:
-            problems.append(f"{tp}: consumed [{c.start_offset}, {c.end_offset}) but the window plans nothing there")
-    return problems
-
-
-def chunk_problems(chunks: Sequence[StagedChunk], staged: Mapping[int, tuple[int, int]] | None,
-                   where: str) -> list[str]:
-    """Where the staging (``staged``: chunk -> (rows, dead letters) actually
-    there, None if the staging is gone) differs from the checkpoint's chunks."""
-    if staged is None:
-        return [f"the staging {where} is gone (a database crash empties unlogged staging); "
-                "stage the window again"]
-    problems = []
-    for c in chunks:
-        rows, dead = staged.get(c.chunk, (0, 0))
-        if (rows, dead) != (c.rows, c.dead_letters):
-            problems.append(f"chunk {c.chunk}: checkpoint counted {c.rows} rows and {c.dead_letters} dead letters, "
-                            f"staging {where} holds {rows} and {dead}")
-    return problems
 
 
 @dataclass(frozen=True)
@@ -414,9 +315,9 @@ def prepare(ledger: Ledger, attempt: Attempt,
             status = load_status(conn, attempt, lock=True)  # an abort or a newer attempt may have come meanwhile
             check_current(attempt, status, "prepare")
             conn.execute(
-                "UPDATE eos.attempts SET state = 'prepared', prepared_at = coalesce(prepared_at, now())"
+                "UPDATE eos.attempts SET state = %s, prepared_at = coalesce(prepared_at, now())"
                 " WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-                (attempt.pipeline, attempt.window_start, attempt.epoch),
+                (PREPARED, attempt.pipeline, attempt.window_start, attempt.epoch),
             )
     detail = (f"{attempt} prepared: {checkpoint.row_count} rows and {checkpoint.dead_letter_count} dead letters "
               f"staged, {len(checkpoint.ranges)} partition(s) consumed to their end cuts")
@@ -440,14 +341,15 @@ def mark_committed(conn: psycopg.Connection, attempt: Attempt, published_rows: i
     Call in the transaction that published the rows, holding load_status's locks.
     Returns the pipeline's offsets after this commit."""
     conn.execute(
-        "UPDATE eos.windows SET state = 'committed', committed_at = now(), committed_epoch = %s,"
+        "UPDATE eos.windows SET state = %s, committed_at = now(), committed_epoch = %s,"
         " published_rows = %s, dead_letter_rows = %s WHERE pipeline = %s AND window_start = %s",
-        (attempt.epoch, published_rows, dead_letter_rows, attempt.pipeline, attempt.window_start),
+        (WindowState.COMMITTED, attempt.epoch, published_rows, dead_letter_rows, attempt.pipeline,
+         attempt.window_start),
     )
     conn.execute(
-        "UPDATE eos.attempts SET state = 'committed', ended_at = now()"
+        "UPDATE eos.attempts SET state = %s, ended_at = now()"
         " WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-        (attempt.pipeline, attempt.window_start, attempt.epoch),
+        (COMMITTED, attempt.pipeline, attempt.window_start, attempt.epoch),
     )
     return advance_offsets(conn, attempt.pipeline)
 
@@ -469,14 +371,14 @@ def advance_offsets(conn: psycopg.Connection, pipeline: str) -> dict[TopicPartit
             SELECT window_start, state, lag(window_end) OVER (ORDER BY window_start) AS previous_end
             FROM eos.windows WHERE pipeline = %(p)s
         ), stop AS (
-            SELECT min(window_start) AS at FROM w WHERE state <> 'committed' OR previous_end <> window_start
+            SELECT min(window_start) AS at FROM w WHERE state <> %(committed)s OR previous_end <> window_start
         )
         SELECT DISTINCT ON (r.topic, r.partition) r.topic, r.partition, r.end_offset
         FROM eos.window_ranges r, stop
         WHERE r.pipeline = %(p)s AND (stop.at IS NULL OR r.window_start < stop.at)
         ORDER BY r.topic, r.partition, r.window_start DESC
         """,
-        {"p": pipeline},
+        {"p": pipeline, "committed": WindowState.COMMITTED},
     ).fetchall()
     offsets = {TopicPartition(t, p): o for t, p, o in rows}
     topics, partitions, values = [t for t, _, _ in rows], [p for _, p, _ in rows], [o for _, _, o in rows]
@@ -517,9 +419,9 @@ def mark_aborted(conn: psycopg.Connection, attempt: Attempt, reason: str) -> boo
     if row is None or row[0] not in LIVE:
         return False
     conn.execute(
-        "UPDATE eos.attempts SET state = 'aborted', ended_at = now(), reason = %s"
+        "UPDATE eos.attempts SET state = %s, ended_at = now(), reason = %s"
         " WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-        (reason, attempt.pipeline, attempt.window_start, attempt.epoch),
+        (ABORTED, reason, attempt.pipeline, attempt.window_start, attempt.epoch),
     )
     log.info("%s aborted: %s", attempt, reason)
     return True

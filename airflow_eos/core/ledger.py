@@ -2,7 +2,9 @@
 
 Ledger and published data share one database so that a window's rows and its
 offsets commit in one transaction. This module owns every SQL statement on the
-``eos`` tables that planning needs; the sink adds the statements of its own steps.
+``eos`` tables that planning and reading a pipeline's state (``airflow-eos
+status`` and ``release``) need; core/attempt.py adds the statements of an
+attempt's steps.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import TYPE_CHECKING, NamedTuple
 
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import LedgerUnavailable, WindowConflict
@@ -30,6 +33,29 @@ _MIGRATION_LOCK = 0x656F735F6D6967  # "eos_mig"
 # First key of the two-key advisory lock on a target's claims (the second is a
 # hash of the target); two-key locks never collide with the one-key one above.
 _CLAIM_LOCK = 0x656F7374  # "eost"
+
+
+class WindowState(str, Enum):
+    """A window's state, stored in ``eos.windows.state`` as its value: planned
+    (frozen, maybe staged) until one attempt of it commits."""
+
+    PLANNED = "planned"
+    COMMITTED = "committed"
+
+    def __str__(self) -> str:  # the value in messages and f-strings, not "WindowState.PLANNED"
+        return self.value
+
+
+class WindowRecord(NamedTuple):
+    """A window's row in ``eos.windows``, as ``airflow-eos status`` shows it."""
+
+    start: datetime
+    end: datetime
+    state: WindowState
+    epoch: int
+    published_rows: int | None
+    dead_letter_rows: int | None
+    committed_at: datetime | None
 
 
 def _claim(row: tuple) -> Claim:
@@ -70,6 +96,12 @@ class Ledger:
             conn.close()
 
     # ------------------------------------------------------------------ schema
+
+    def has_tables(self, conn: psycopg.Connection, *tables: str) -> bool:
+        """Each of ``tables`` (``eos.windows``, ...) exists: False in a database
+        where airflow-eos never ran (and no migration is attempted)."""
+        return conn.execute("SELECT " + " AND ".join(["to_regclass(%s) IS NOT NULL"] * len(tables)),
+                            tables).fetchone()[0]
 
     def migrate(self) -> int:
         """Bring schema ``eos`` to the latest version; safe to call concurrently
@@ -157,6 +189,34 @@ class Ledger:
         held for the freezing transaction costs nothing and removes every race."""
         conn.execute("INSERT INTO eos.pipelines (pipeline) VALUES (%s) ON CONFLICT DO NOTHING", (pipeline,))
         conn.execute("SELECT 1 FROM eos.pipelines WHERE pipeline = %s FOR UPDATE", (pipeline,))
+
+    # ------------------------------------------------------------------ reading a pipeline
+
+    def windows(self, conn: psycopg.Connection, pipeline: str) -> list[WindowRecord]:
+        """Every window of the pipeline, oldest first."""
+        rows = conn.execute(
+            "SELECT window_start, window_end, state, epoch, published_rows, dead_letter_rows, committed_at"
+            " FROM eos.windows WHERE pipeline = %s ORDER BY window_start", (pipeline,)).fetchall()
+        return [WindowRecord(start, end, WindowState(state), *rest) for start, end, state, *rest in rows]
+
+    def pipelines_with_windows(self, conn: psycopg.Connection, *, limit: int) -> list[str]:
+        """The first ``limit`` pipelines, by name, that have windows."""
+        return [p for (p,) in conn.execute("SELECT DISTINCT pipeline FROM eos.windows ORDER BY 1 LIMIT %s",
+                                           (limit,))]
+
+    def planned_partitions(self, conn: psycopg.Connection, pipeline: str) -> set[TopicPartition]:
+        """Every partition a window of the pipeline was planned over."""
+        return {TopicPartition(t, p) for t, p in conn.execute(
+            "SELECT DISTINCT topic, partition FROM eos.window_ranges WHERE pipeline = %s", (pipeline,))}
+
+    def has_pipeline(self, conn: psycopg.Connection, pipeline: str) -> bool:
+        """The pipeline has a row in ``eos.pipelines`` (it was planned once)."""
+        return conn.execute("SELECT EXISTS (SELECT 1 FROM eos.pipelines WHERE pipeline = %s)",
+                            (pipeline,)).fetchone()[0]
+
+    def pipelines(self, conn: psycopg.Connection, *, limit: int) -> list[str]:
+        """The first ``limit`` pipelines of the ledger, by name."""
+        return [p for (p,) in conn.execute("SELECT pipeline FROM eos.pipelines ORDER BY 1 LIMIT %s", (limit,))]
 
     # ------------------------------------------------------------------ ownership
 

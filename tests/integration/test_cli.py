@@ -322,6 +322,13 @@ def test_sweep_on_a_database_without_a_ledger_explains(pg_url):
     assert (code, out) == (2, "") and "schema eos is missing" in err
 
 
+def test_status_and_release_on_a_database_without_a_ledger_explain(pg_url):
+    for command in ("status", "release"):
+        code, out, err = run(command, "--pipeline", PIPELINE, "--postgres-url", pg_url)
+        assert (code, out) == (2, "")
+        assert err.strip() == f"airflow-eos {command}: error: no airflow-eos ledger in {pg_url}: schema eos is missing"
+
+
 def test_an_unreachable_broker_is_one_clear_error_naming_it(pg_url, committed, caplog, capfd):
     """status and verify against a closed port: exit 2 with one error that names
     the address, the partition and what to check; never "offset -2" (the

@@ -82,3 +82,41 @@ def test_a_pipeline_planned_before_claims_were_recorded_is_adopted_by_its_next_p
     with pytest.raises(OwnershipConflict, match="two DAGs share pipeline id 'legacy'"):
         plan(t0 + hour, "orders_copy")
     assert [(r.start_offset, r.end_offset) for r in plan(t0 + hour, "orders_hourly").ranges] == [(60, 120)]
+
+
+def test_attempt_and_window_states_are_stored_as_their_text(pg_url):
+    """AttemptState and WindowState members are str: psycopg binds each as its
+    value (text and binary, prepared or not), the ledger's CHECK constraints
+    accept them, and what is read back equals them and prints as the value."""
+    from airflow_eos.core import attempt as attempts
+    from airflow_eos.core.attempt import ABORTED, COMMITTED, LIVE, AttemptState
+    from airflow_eos.core.ledger import WindowState
+    from airflow_eos.core.windows import Window, WindowPlan
+
+    assert (str(COMMITTED), f"{COMMITTED}", "%s" % COMMITTED) == ("committed",) * 3
+    assert (str(WindowState.PLANNED), f"{WindowState.PLANNED}") == ("planned",) * 2
+    assert [s.value for s in LIVE] == ["open", "checkpointed", "prepared"]
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("CREATE TEMP TABLE s (state text)")
+        conn.execute("INSERT INTO s VALUES (%s), (%s)", (AttemptState.COMMITTED, WindowState.PLANNED))
+        conn.execute("UPDATE s SET state = %s WHERE state = %s", (ABORTED, WindowState.PLANNED), prepare=True)
+        with conn.cursor(binary=True) as cur:
+            cur.execute("INSERT INTO s VALUES (%s)", (AttemptState.OPEN,))
+        conn.execute("INSERT INTO s SELECT unnest(%s::text[])", (list(LIVE),))
+        assert [s for (s,) in conn.execute("SELECT state FROM s ORDER BY 1")] == \
+            ["aborted", "checkpointed", "committed", "open", "open", "prepared"]
+
+    ledger = Ledger(pg_url)
+    ledger.migrate()
+    window = Window("p", datetime(2024, 1, 1, tzinfo=timezone.utc), datetime(2024, 1, 1, 1, tzinfo=timezone.utc))
+    with ledger.connect() as conn, conn.transaction():
+        ledger.lock_pipeline(conn, window.pipeline)
+        ledger.freeze(conn, WindowPlan(window, ()), [])
+        attempt = attempts.open_attempt(conn, window)
+        assert attempts.mark_aborted(conn, attempt, "test")
+        status = attempts.load_status(conn, attempt)
+        stored = conn.execute("SELECT a.state, w.state FROM eos.attempts a JOIN eos.windows w"
+                              " USING (pipeline, window_start)").fetchall()
+    assert stored == [("aborted", "planned")]
+    assert (status.state, status.window_state) == (AttemptState.ABORTED, WindowState.PLANNED)
+    assert type(status.state) is AttemptState and type(status.window_state) is WindowState

@@ -171,7 +171,7 @@ def test_records_bigger_than_a_probe_fetch_are_planned_exactly(ledger, kafka_con
     """Planning fetches at most PROBE_FETCH_BYTES per probe; a bigger record still
     arrives whole, by a probe and by the final scan, also when the connection
     raises message.max.bytes for large records."""
-    monkeypatch.setattr("airflow_eos.core.plan.SCAN_BELOW", 4)  # probe, don't just scan 20 records
+    monkeypatch.setattr("airflow_eos.core.cut_search.SCAN_BELOW", 4)  # probe, don't just scan 20 records
     topic = topics.create(partitions=1)
     big = b"x" * (3 * PROBE_FETCH_BYTES)
     topics.produce(topic, [(0, ms(T0) + i * 10 * 60_000, big) for i in range(20)])  # one every 10 minutes

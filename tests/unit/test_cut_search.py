@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from airflow_eos.core.errors import SkewedTimestamp
 from airflow_eos.core.ledger import CutContext
-from airflow_eos.core import plan
-from airflow_eos.core.plan import first_offset_at_or_after, resolve_cut
+from airflow_eos.core import cut_search, plan, skew
+from airflow_eos.core.cut_search import first_offset_at_or_after
+from airflow_eos.core.plan import resolve_cut
 from airflow_eos.core.source import Bounds
 from airflow_eos.core.windows import CUT_BY_IDLE, CUT_BY_NEIGHBOUR, CUT_BY_RECORD, CUT_NEW_PARTITION, to_millis
 from memlog import MemoryLog
@@ -36,7 +37,7 @@ def logs(draw, monotone=True):
 
 # The logs drawn are short; a small scan threshold makes the search probe them
 # (interpolating, halving) instead of reading them whole.
-scan_thresholds = st.sampled_from([4, 16, plan.SCAN_BELOW])
+scan_thresholds = st.sampled_from([4, 16, cut_search.SCAN_BELOW])
 
 
 @settings(max_examples=300, deadline=None)
@@ -48,7 +49,7 @@ def test_search_finds_the_first_record_at_or_after_t(data, monotone_log, scan_be
     lo = data.draw(st.integers(0, end))
     log.hint = data.draw(st.one_of(st.none(), st.integers(0, end + 3)))  # right, wrong or absent
     expected = next((r.offset for r in log.logs[tp] if r.offset >= lo and r.timestamp_ms >= t), None)
-    with patch.object(plan, "SCAN_BELOW", scan_below):
+    with patch.object(cut_search, "SCAN_BELOW", scan_below):
         assert first_offset_at_or_after(log, tp, t, lo, end) == expected
 
 
@@ -60,7 +61,7 @@ def test_search_on_skewed_timestamps_still_returns_a_boundary(data, skewed_log, 
     log, tp = skewed_log
     end = log.ends[tp]
     t = data.draw(st.integers(900, 1000 + 5 * 1600))
-    with patch.object(plan, "SCAN_BELOW", scan_below):
+    with patch.object(cut_search, "SCAN_BELOW", scan_below):
         found = first_offset_at_or_after(log, tp, t, 0, end)
     recs = {r.offset: r for r in log.logs[tp]}
     if found is None:
@@ -115,7 +116,7 @@ def test_search_on_an_uneven_log_takes_at_most_one_probe_more_than_halving(shape
         timestamps = [0] * (n // 2) + [5] * (n // 2)
     log = MemoryLog()
     tp = log.add_partition("t", 0, timestamps)
-    bisection_steps = math.ceil(math.log2(n / plan.SCAN_BELOW))
+    bisection_steps = math.ceil(math.log2(n / cut_search.SCAN_BELOW))
     for t in (1, 1_000, 59_999, 60_001, 1_800_000, 3_540_001, 3_599_999, 3_600_000, 3_600_500, 4_000_000):
         log.probes = 0
         expected = bisect.bisect_left(timestamps, t)
@@ -246,7 +247,7 @@ def test_a_skewed_record_at_the_end_of_the_log_holds_nothing_yet():
     next boundary sees it (the record is not lost either way)."""
     log = MemoryLog()
     tp = log.add_partition("t", 0, [_ms(T0) + i * 360_000 for i in range(10)] + [Y2030])
-    for policy in plan.ON_SKEWED_TIMESTAMP:
+    for policy in skew.ON_SKEWED_TIMESTAMP:
         assert (_cut(log, tp, T0 + HOUR, on_skewed_timestamp=policy).offset) == 10
     log.append(tp, [_ms(T0 + HOUR) + i * 360_000 for i in range(20)])
     with pytest.raises(SkewedTimestamp, match="offset 10 is stamped 2030"):
@@ -314,7 +315,7 @@ def test_a_burst_longer_than_the_read_is_found_by_probes(burst):
     the run ends; a few per doubling of its length."""
     log, tp = _issue_log(outliers=burst)
     first_after = 10 + burst
-    with patch.object(plan, "SCAN_BELOW", 4 if burst == 8 else plan.SCAN_BELOW):
+    with patch.object(cut_search, "SCAN_BELOW", 4 if burst == 8 else cut_search.SCAN_BELOW):
         with pytest.raises(SkewedTimestamp, match=rf"offset 10 is stamped 2030.*offset {first_after} after it"):
             _cut(log, tp, T0 + 2 * HOUR, CutContext(lower=10))
         log.probes = log.reads = 0
@@ -333,4 +334,4 @@ def test_a_silent_partition_is_not_a_burst():
     log.probes = 0
     cut = _cut(log, tp, T0 + HOUR, CutContext(lower=10))
     assert (cut.offset, cut.how) == (10, CUT_BY_RECORD)
-    assert log.probes <= 2 * math.log2(200_000 / plan.SCAN_BELOW) + 4
+    assert log.probes <= 2 * math.log2(200_000 / cut_search.SCAN_BELOW) + 4
