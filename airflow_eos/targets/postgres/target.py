@@ -58,7 +58,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -417,7 +417,8 @@ class PostgresTarget(TargetSpec, Sink):
 
     # ------------------------------------------------------------------ verify
 
-    def published_relation(self, conn: psycopg.Connection, pipeline: str, columns: Sequence[str] = ()) -> sql.Composed:
+    def published_relation(self, conn: psycopg.Connection, pipeline: str,
+                           columns: tuple[str, ...] = ()) -> sql.Composed:
         """The pipeline's rows in the target table (see Sink.published_relation):
         the table must exist and have the window columns; the lineage columns
         are there if the table has all three."""
