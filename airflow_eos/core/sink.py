@@ -186,3 +186,28 @@ class Sink(ABC):
                 log.warning("sweep could not abort %s now: %s", a, exc)
         log.info("sweep aborted %d of %d attempts opened before %s", len(swept), len(stale), cutoff.isoformat())
         return swept
+
+    def published_relation(self, conn, pipeline: str, columns: tuple[str, ...] = ()):
+        """What ``verify`` audits: a relation (a psycopg ``sql.Composable``
+        naming a table, or a parenthesized query) readable in ``conn``, a
+        connection to the ledger's database inside the audit's repeatable-read
+        transaction, holding every row this target published for ``pipeline``,
+        with the columns
+
+        - ``eos_pipeline``, ``eos_window_start``: the row's window (required:
+          raise TargetError, saying why, if the target does not keep them);
+        - ``eos_topic``, ``eos_partition``, ``eos_offset``: the row's source
+          record, all three where the target keeps lineage, else none (verify
+          then audits counts per window only);
+        - those of ``columns`` (e.g. verify's count column) that it has.
+
+        Rows of other pipelines may be there too (verify selects its
+        pipeline's). Composed into verify's queries, it must read the target as
+        of the connection's snapshot, so that a commit running meanwhile is seen
+        wholly or not at all: a target in the ledger's database names its table;
+        a file target loads its published files into a temp table (ON COMMIT
+        DROP) and names it; a Kafka target likewise loads its published records.
+        Not implemented by default: such a target cannot be verified.
+        """
+        raise NotImplementedError(f"verify cannot read what {self!r} published: {type(self).__name__} does not "
+                                  "implement Sink.published_relation")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import psycopg
+import psycopg.sql
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
@@ -21,6 +22,7 @@ from airflow_eos import verify as v
 from airflow_eos.core.attempt import ConsumedRange
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, TargetError
 from airflow_eos.core.plan import PlanRequest, plan_window
+from airflow_eos.core.sink import Sink
 from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.source import KafkaLog
 from airflow_eos.verify import verify
@@ -440,6 +442,62 @@ def test_an_unknown_pipeline_a_missing_table_or_no_ledger_is_an_error(pg_url, le
     execute(pg_url, "ALTER SCHEMA eos RENAME TO not_eos")
     with pytest.raises(LedgerUnavailable, match="schema eos is missing"):
         verify(ledger, kafka_config, "orders", PIPELINE)
+
+
+class _Sink(Sink):
+    """A sink verify knows only by the interface; the window's life is not its business here."""
+
+    def __init__(self, target: PostgresTarget):
+        self.ledger = target.ledger
+        self.target = target
+
+    def begin(self, window):
+        raise AssertionError("verify must not begin")
+
+    def writer(self, attempt):
+        raise AssertionError("verify must not stage")
+
+    def count_staged(self, attempt):
+        raise AssertionError("verify must not count the staging")
+
+    def commit(self, attempt):
+        raise AssertionError("verify must not commit")
+
+    def abort(self, attempt, reason):
+        raise AssertionError("verify must not abort")
+
+    def __repr__(self):
+        return "_Sink(orders)"
+
+
+class _CopiedSink(_Sink):
+    """Published rows that live outside the ledger's database (as a file
+    target's do): loaded into a temp table in the audit's snapshot."""
+
+    def published_relation(self, conn, pipeline, columns=()):
+        conn.execute("CREATE TEMP TABLE eos_test_published ON COMMIT DROP AS"
+                     " SELECT * FROM orders WHERE eos_pipeline = %s", (pipeline,))
+        return psycopg.sql.Identifier("eos_test_published")
+
+
+def test_verify_reads_any_sink_through_its_published_relation(ledger, kafka_config, orders):
+    build(ledger, kafka_config, orders, windows=2, dead={(1, 4)})
+    by_table = verify(ledger, kafka_config, orders, PIPELINE)
+    by_sink = verify(ledger, kafka_config, _CopiedSink(orders), PIPELINE)
+    assert by_table.clean and by_sink.clean and by_sink.lineage
+    assert by_sink.windows == by_table.windows and by_sink.table == "_Sink(orders)"
+    execute(orders.url, "DELETE FROM orders WHERE eos_offset = (SELECT min(eos_offset) FROM orders)")
+    assert kinds(verify(ledger, kafka_config, _CopiedSink(orders), PIPELINE)) == kinds(
+        verify(ledger, kafka_config, orders, PIPELINE)) != []
+    with pytest.raises(NotImplementedError, match=r"verify cannot read what _Sink\(orders\) published: _Sink does "
+                                                  "not implement Sink.published_relation"):
+        verify(ledger, kafka_config, _Sink(orders), PIPELINE)
+
+
+def test_an_unbound_spec_is_read_in_the_ledgers_database(ledger, kafka_config, orders):
+    build(ledger, kafka_config, orders, windows=1)
+    report = verify(ledger, kafka_config, PostgresTarget(table="orders", postgres_conn_id="elsewhere"), PIPELINE)
+    assert report.clean and report.table == "orders"
 
 
 def test_a_hostile_table_name_is_quoted(pg_url, ledger, kafka_config, orders):

@@ -1,300 +1,46 @@
-"""``airflow-eos verify``: prove, against Kafka, what a pipeline published.
-
-For every committed window the records actually present in its planned ranges
-are read from Kafka (offsets have gaps — transaction markers, compaction — so the
-offset width is never taken for a count) and compared with the target:
-
-- record-level pipelines (the target keeps the lineage columns ``eos_topic``,
-  ``eos_partition``, ``eos_offset``): each record is published exactly once in
-  its window or is a dead letter of the window's committed attempt; no row
-  without a record of its window; row counts equal the ledger's;
-- aggregate pipelines (no lineage): each window's row count equals the ledger's,
-  its dead letters are records of the window, and, given ``count_column``, the
-  counts add up to the window's records;
-- both: the committed attempt's checkpoint covers the plan and counted the
-  records Kafka holds, and ``eos.partition_offsets`` equals the contiguous
-  committed prefix, computed here again from windows and ranges;
-- no partition is held: the last committed end cut of a partition is not on a
-  record stamped more than ``max_timestamp_skew`` beyond its window's end with
-  older records after it (a cut frozen so holds every later window at that
-  offset until one ends after the record's timestamp; see core.plan).
-
-Comparisons run in SQL over temp tables (Kafka offsets arrive by COPY), inside
-one repeatable-read transaction, so a commit running meanwhile is either wholly
-seen or not at all, and a million records cost seconds, not Python sets.
-"""
+"""The audit's SQL: what ``verify`` compares, in one repeatable-read
+transaction of the ledger's database, between the ledger (windows, ranges,
+checkpoints, dead letters, offsets), the target's published rows (the relation
+its sink gives, see Sink.published_relation) and the records read from Kafka
+(eos_verify_records, see verify.kafka). Comparisons run in SQL over temp tables,
+so a million records cost seconds, not Python sets."""
 
 from __future__ import annotations
 
 import bisect
-import contextlib
-import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException
-from confluent_kafka import TopicPartition as KafkaTopicPartition
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from airflow_eos.core.errors import (
-    ConfigurationError,
-    LedgerUnavailable,
-    LogTruncated,
-    OffsetsExpired,
-    SourceUnavailable,
-    TargetError,
-    UnknownTopic,
-)
+from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, TargetError
 from airflow_eos.core.ledger import Ledger, redact
-from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, held_behind, records_after
-from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS, WINDOW_COLUMNS, PostgresTarget, parse_table_name
-from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog, consumer_config
-from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
+from airflow_eos.core.sink import Sink
+from airflow_eos.core.source import PartitionLog
+from airflow_eos.core.windows import PartitionRange, TopicPartition
+from airflow_eos.verify.kafka import read_records
+from airflow_eos.verify.report import (
+    CHECKPOINT,
+    COUNT,
+    DEAD_AND_PUBLISHED,
+    DUPLICATE,
+    EXTRA,
+    MISSING,
+    MORE,
+    OFFSETS,
+    VerifyReport,
+    Violation,
+    WindowAudit,
+    _at,
+    _where,
+    _Window,
+)
 
-# Violation kinds
-DUPLICATE = "duplicate"  # a record published more than once in its window
-DEAD_AND_PUBLISHED = "dead_and_published"  # a record that is a dead letter and also published
-MISSING = "missing"  # a record neither published nor a dead letter
-EXTRA = "extra"  # a row or dead letter without a record of its committed window behind it
-COUNT = "count"  # the target's counts differ from the ledger's or from Kafka's
-CHECKPOINT = "checkpoint"  # the committed attempt's checkpoint differs from plan or Kafka
-OFFSETS = "offsets"  # eos.partition_offsets differs from the contiguous committed prefix
-SOURCE = "source"  # planned records can no longer be read from Kafka
-HELD = "held"  # a partition's last committed end cut is a skewed record that holds older records behind it
-MORE = "more"  # further examples of a kind in a window, not listed one by one
-
-
-@dataclass(frozen=True)
-class Violation:
-    kind: str
-    message: str
-    window_start: datetime | None = None
-    topic: str | None = None
-    partition: int | None = None
-    offset: int | None = None
-
-    def __str__(self) -> str:
-        return self.message
-
-
-@dataclass
-class WindowAudit:
-    """One window's numbers. ``None``: not determinable (the window is not
-    committed, its records could not be read, or the target has no lineage)."""
-
-    window_start: datetime | None
-    window_end: datetime | None
-    state: str  # planned | committed | unplanned (rows under a window the ledger does not know)
-    committed_epoch: int | None = None
-    recorded_rows: int | None = None  # eos.windows.published_rows
-    recorded_dead_letters: int | None = None  # eos.windows.dead_letter_rows
-    kafka_records: int | None = None
-    published_rows: int = 0  # rows of the window in the target
-    dead_letters: int = 0  # the window's rows in eos.dead_letters
-    duplicates: int | None = 0
-    missing: int | None = 0
-    extra: int | None = 0
-
-
-@dataclass(frozen=True)
-class Totals:
-    kafka_records: int | None
-    published_rows: int
-    dead_letters: int
-    duplicates: int | None
-    missing: int | None
-    extra: int | None
-
-
-@dataclass
-class VerifyReport:
-    pipeline: str
-    table: str
-    lineage: bool  # record-level (lineage columns) or aggregate
-    windows: list[WindowAudit]
-    offsets: dict[TopicPartition, int]  # eos.partition_offsets
-    expected_offsets: dict[TopicPartition, int]  # the contiguous committed prefix, computed by verify
-    violations: list[Violation] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def clean(self) -> bool:
-        return not self.violations
-
-    @property
-    def committed_windows(self) -> int:
-        return sum(w.state == "committed" for w in self.windows)
-
-    @property
-    def totals(self) -> Totals:
-        """Sums over the windows; None where no window has the number."""
-        def total(name: str) -> int | None:
-            known = [n for n in (getattr(w, name) for w in self.windows) if n is not None]
-            return sum(known) if known else None
-
-        return Totals(*map(total, ("kafka_records", "published_rows", "dead_letters", "duplicates", "missing",
-                                   "extra")))
-
-    def __str__(self) -> str:
-        t = self.totals
-        head = (f"verify {self.pipeline} against {self.table}: {self.committed_windows} committed window(s), "
-                f"{t.kafka_records} records in Kafka, {t.published_rows} rows published, {t.dead_letters} dead letters")
-        if self.clean:
-            return head + ": clean"
-        return head + f": {len(self.violations)} violation(s)\n  " + "\n  ".join(map(str, self.violations))
-
-
-def verify(ledger: Ledger, kafka: PartitionLog | Mapping[str, Any], target: PostgresTarget | str, pipeline: str,
-           *, count_column: str | None = None, max_examples: int = 20, timeout: float = 10.0,
-           max_timestamp_skew: timedelta = DEFAULT_MAX_TIMESTAMP_SKEW) -> VerifyReport:
-    """Audit ``pipeline``'s rows in ``target`` (a PostgresTarget or a table name
-    in the ledger's database) against Kafka.
-
-    ``kafka`` is a confluent-kafka configuration (read with batched fetches:
-    use it for large audits) or any PartitionLog, e.g. a KafkaLog. For an
-    aggregate target, ``count_column`` names a column whose per-window sum plus
-    the window's dead letters must equal its records. At most ``max_examples``
-    violations of each kind are listed per window; the counts are exact.
-    ``max_timestamp_skew`` is the pipeline's (see core.plan): how far beyond a
-    window's end its end cut's record may be stamped before, with older records
-    after it, the partition counts as held.
-
-    Raises LedgerUnavailable, TargetError or ConfigurationError when the audit
-    cannot run; every finding about the data is a Violation in the report.
-    """
-    started = time.monotonic()
-    table = target.table if isinstance(target, PostgresTarget) else target
-    schema, name = parse_table_name(table)
-    target_id = sql.Identifier(name) if schema is None else sql.Identifier(schema, name)
-    with ledger.connect() as conn:
-        # One snapshot for ledger and target: a commit running meanwhile is seen wholly or not at all.
-        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        try:
-            audit = _Audit(conn, ledger, pipeline, table, target_id, count_column, max_examples, max_timestamp_skew)
-            audit.load()
-            audit.read_kafka(kafka, timeout)
-            audit.check()
-        except psycopg.OperationalError as exc:
-            raise LedgerUnavailable(f"verify lost the database {redact(ledger.url)}: {exc}") from exc
-        finally:
-            conn.rollback()
-    report = audit.report
-    report.seconds = time.monotonic() - started
-    return report
-
-
-# --------------------------------------------------------------------------- reading Kafka
-
-
-class _KafkaRecords:
-    """Offsets of the records present in planned ranges, with batched fetches.
-    The end of a partition is where a fetch reports it, never the reported
-    high watermark (see core.source)."""
-
-    BATCH = 10_000
-
-    def __init__(self, kafka_config: Mapping[str, Any], timeout: float):
-        self.timeout = timeout
-        self.config = consumer_config(dict(kafka_config))
-        try:
-            self._consumer = Consumer(self.config)
-        except KafkaException as exc:
-            raise SourceUnavailable(f"cannot create Kafka consumer: {exc}") from exc
-
-    def close(self) -> None:
-        self._consumer.close()
-
-    def offsets(self, r: PartitionRange) -> Iterator[list[int]]:
-        consumer = self._consumer
-        consumer.assign([KafkaTopicPartition(r.topic, r.partition, r.start_offset)])
-        try:
-            last = r.start_offset - 1
-            answered = time.monotonic()
-            while True:
-                # consume() waits for a full batch or its timeout: drain what is
-                # there, and block only in poll() for the next fetch.
-                messages = consumer.consume(self.BATCH, timeout=0)
-                if not messages:
-                    msg = consumer.poll(min(0.1, self.timeout))
-                    messages = [msg] if msg is not None else []
-                if not messages:
-                    if time.monotonic() - answered > self.timeout:
-                        raise SourceUnavailable(f"no answer from Kafka at {self.config['bootstrap.servers']} "
-                                                f"reading {r.tp} at offset {last + 1} within {self.timeout}s")
-                    continue
-                answered = time.monotonic()
-                batch: list[int] = []
-                for msg in messages:
-                    err = msg.error()
-                    if err is not None:
-                        code = err.code()
-                        if code == KafkaError._PARTITION_EOF:
-                            if msg.offset() < r.end_offset:
-                                raise LogTruncated(f"the log ends at offset {msg.offset()} (the topic was recreated "
-                                                   "or lost data)")
-                            yield batch
-                            return
-                        if code == KafkaError.OFFSET_OUT_OF_RANGE:
-                            raise OffsetsExpired(f"offset {r.start_offset} is no longer in the log (retention "
-                                                 f"deleted planned records): {err}")
-                        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
-                            raise UnknownTopic(f"{r.tp} does not exist: {err}")
-                        if err.fatal() or not err.retriable():
-                            raise SourceUnavailable(f"reading {r.tp} at offset {last + 1}: {err}")
-                        continue
-                    offset = msg.offset()
-                    # skip what a fetch of an earlier assignment may still deliver
-                    if msg.topic() != r.topic or msg.partition() != r.partition or offset <= last:
-                        continue
-                    if offset >= r.end_offset:
-                        yield batch
-                        return
-                    batch.append(offset)
-                    last = offset
-                    if offset == r.end_offset - 1:
-                        yield batch
-                        return
-                yield batch
-        finally:
-            consumer.unassign()
-
-
-def _check_bounds(r: PartitionRange, bounds: Bounds) -> None:
-    """Reading past the end would wait for records that never come (a broker
-    need not report out-of-range offsets there), so compare with the bounds first."""
-    if r.start_offset < bounds.log_start:
-        raise OffsetsExpired(f"the log now starts at offset {bounds.log_start} (retention deleted planned records)")
-    if r.end_offset > bounds.end:
-        raise LogTruncated(f"the log ends at offset {bounds.end} (the topic was recreated or lost data)")
-
-
-# --------------------------------------------------------------------------- the audit
-
-
-@dataclass
-class _Window:
-    start: datetime
-    end: datetime
-    state: str
-    committed_epoch: int | None
-    published_rows: int | None
-    dead_letter_rows: int | None
-    ranges: list[PartitionRange]
-
-
-def _at(ws: datetime | None) -> str:
-    return f"window {ws.astimezone(timezone.utc).isoformat()}" if ws is not None else "rows without a window"
-
-
-def _where(topic, partition, offset) -> str:
-    if topic is None or partition is None or offset is None:
-        return f"lineage ({topic}, {partition}, {offset})"
-    return f"{TopicPartition(topic, partition)} offset {offset}"
-
+# The lineage columns of Sink.published_relation: the source record of each row.
+LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
 
 # Same window and same record: rows, Kafka records and dead letters are joined on these.
 _SAME_RECORD = ("{a}.window_start = {b}.window_start AND {a}.topic = {b}.topic AND {a}.partition = {b}.partition"
@@ -306,14 +52,14 @@ def _same(a: str, b: str) -> str:
 
 
 class _Audit:
-    def __init__(self, conn, ledger, pipeline, table, target_id, count_column, max_examples, max_timestamp_skew):
-        self.conn: psycopg.Connection = conn
+    def __init__(self, conn: psycopg.Connection, ledger: Ledger, pipeline: str, table: str, sink: Sink,
+                 count_column: str | None, max_examples: int, max_timestamp_skew: timedelta):
+        self.conn = conn
         self.ledger = ledger
         self.pipeline = pipeline
-        self.table = table
-        self.target_id = target_id
-        # psycopg reads any % in a query's text as a placeholder, even inside a quoted identifier.
-        self.target_sql = target_id.as_string(conn).replace("%", "%%")
+        self.table = table  # the target as messages name it
+        self.sink = sink
+        self.target_sql = ""  # the sink's relation of published rows, as SQL text (see _describe_target)
         self.count_column = count_column
         self.max_examples = max(1, max_examples)
         self.max_timestamp_skew = max_timestamp_skew
@@ -351,100 +97,28 @@ class _Audit:
             self._audit(w.start, w)
 
     def _describe_target(self) -> None:
-        oid = self.conn.execute("SELECT to_regclass(%s)::oid", (self.target_id.as_string(self.conn),)).fetchone()[0]
-        if oid is None:
-            raise TargetError(f"target table {self.table} does not exist in {redact(self.ledger.url)}")
-        columns = {r[0] for r in self.conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (oid,))}
-        if not all(c in columns for c in WINDOW_COLUMNS):
-            raise TargetError(f"target table {self.table} has no columns {' and '.join(WINDOW_COLUMNS)}: verify "
-                              "needs each row's window (modes 'replace_window', 'partition_per_window') to audit it")
+        """The target's published rows as its sink gives them, and which of the
+        lineage and count columns they have."""
+        wanted = () if self.count_column is None else (self.count_column,)
+        relation = self.sink.published_relation(self.conn, self.pipeline, wanted)
+        # psycopg reads any % in a query's text as a placeholder, even inside a quoted identifier.
+        self.target_sql = relation.as_string(self.conn).replace("%", "%%")
+        described = self.conn.execute(sql.SQL("SELECT * FROM {} t LIMIT 0").format(relation)).description
+        columns = {c.name for c in described}
         if self.count_column is not None and self.count_column not in columns:
             raise TargetError(f"target table {self.table} has no column {self.count_column!r} (count_column)")
         self.lineage = all(c in columns for c in LINEAGE_COLUMNS)
 
-    # ------------------------------------------------------------------ Kafka
-
     def read_kafka(self, kafka: PartitionLog | Mapping[str, Any], timeout: float) -> None:
-        """COPY the offsets of the records present in every committed window's
-        ranges into a temp table. A range that cannot be read any more is a
-        violation; its window is left out of the record comparisons."""
-        self.conn.execute('CREATE TEMP TABLE eos_verify_records (window_start timestamptz NOT NULL,'
-                          ' topic text NOT NULL, partition integer NOT NULL, "offset" bigint NOT NULL) ON COMMIT DROP')
-        bounds: dict[TopicPartition, Bounds] = {}
-        with contextlib.ExitStack() as stack:
-            log_, reader = kafka, None
-            if isinstance(kafka, Mapping):
-                log_ = stack.enter_context(KafkaLog(dict(kafka), timeout=timeout))
-                reader = _KafkaRecords(kafka, timeout)
-                stack.callback(reader.close)
-            with self.conn.cursor() as cur, cur.copy("COPY eos_verify_records FROM STDIN") as copy:
-                for w in self.windows.values():
-                    if w.state != "committed":
-                        continue
-                    for r in w.ranges:
-                        if r.width == 0:
-                            self.kafka_counts[w.start, r.tp] = 0
-                            continue
-                        # Kafka topic names are [a-zA-Z0-9._-]: nothing to escape in COPY's text format.
-                        prefix = f"{w.start.isoformat()}\t{r.topic}\t{r.partition}\t"
-                        count = 0
-                        try:
-                            if r.tp not in bounds:
-                                bounds[r.tp] = log_.bounds(r.tp)
-                            _check_bounds(r, bounds[r.tp])
-                            batches = (reader.offsets(r) if reader is not None else
-                                       [[rec.offset for rec in log_.records(r.tp, r.start_offset, r.end_offset)]])
-                            for batch in batches:
-                                if batch:
-                                    copy.write("".join(f"{prefix}{o}\n" for o in batch))
-                                    count += len(batch)
-                        except (OffsetsExpired, LogTruncated, UnknownTopic) as exc:
-                            self.unreadable.add(w.start)
-                            self.violations.append(Violation(
-                                SOURCE, f"{_at(w.start)}: {r.tp} [{r.start_offset}, {r.end_offset}) cannot be read "
-                                        f"from Kafka, so its records cannot be checked: {exc}",
-                                w.start, r.topic, r.partition, r.start_offset))
-                            continue
-                        self.kafka_counts[w.start, r.tp] = count
-            self._check_held(log_, bounds)
+        """The records of every committed window's ranges, into eos_verify_records
+        (see verify.kafka.read_records), and each window's count of them."""
+        read = read_records(self.conn, self.windows, kafka, timeout, self.max_timestamp_skew)
+        self.kafka_counts, self.unreadable = read.counts, read.unreadable
+        self.violations += read.violations
         self.conn.execute("ANALYZE eos_verify_records")  # autovacuum never analyses temp tables
         for w in self.windows.values():
             if w.state == "committed" and w.start not in self.unreadable:
                 self.audits[w.start].kafka_records = sum(self.kafka_counts[w.start, r.tp] for r in w.ranges)
-
-    def _check_held(self, log_: PartitionLog, bounds: dict[TopicPartition, Bounds]) -> None:
-        """Per partition, the end cut of the last committed window that plans it:
-        a record stamped beyond the skew there, with older records after it,
-        holds the partition (every later window would plan it empty)."""
-        last: dict[TopicPartition, tuple[int, datetime, datetime]] = {}
-        for w in self.windows.values():
-            if w.state == "committed":
-                for r in w.ranges:
-                    last[r.tp] = max(last.get(r.tp, (r.end_offset, w.end, w.start)), (r.end_offset, w.end, w.start))
-        skew_ms = int(self.max_timestamp_skew.total_seconds() * 1000)
-        for tp, (cut, end, ws) in sorted(last.items()):
-            try:
-                if tp not in bounds:
-                    bounds[tp] = log_.bounds(tp)
-                record = log_.first_at_or_after(tp, cut, bounds[tp].end)
-                if record is None or record.timestamp_ms <= to_millis(end) + skew_ms:
-                    continue
-                after, read_to = records_after(log_, tp, record.offset, bounds[tp].end)
-                older = held_behind(log_, tp, record, after, read_to, to_millis(end), skew_ms, bounds[tp].end)
-            except (OffsetsExpired, LogTruncated, UnknownTopic):
-                continue  # reported as SOURCE where a committed range cannot be read
-            if older is None:
-                continue
-            self.violations.append(Violation(
-                HELD, f"{_at(ws)}: {tp} is held at offset {record.offset}, the window's end cut: that record is "
-                      f"stamped {describe_millis(record.timestamp_ms)}, more than max_timestamp_skew "
-                      f"({self.max_timestamp_skew}) beyond the window's end {end.isoformat()}, and offset "
-                      f"{older.offset} after it is stamped {describe_millis(older.timestamp_ms)}, before that end. "
-                      f"At least {1 + len(after)} record(s) from offset {record.offset} on wait for a window ending "
-                      f"after {describe_millis(record.timestamp_ms)}; plan the next windows with this version "
-                      "(it refuses such a cut, or with on_skewed_timestamp=\"position\" publishes past it)",
-                ws, tp.topic, tp.partition, record.offset))
 
     # ------------------------------------------------------------------ checks
 
@@ -492,7 +166,7 @@ class _Audit:
                 FROM eos_verify_records k FULL JOIN (
                     SELECT eos_window_start AS window_start, eos_topic::text AS topic,
                            eos_partition::integer AS partition, eos_offset::bigint AS "offset", count(*) AS n
-                    FROM {self.target_sql} WHERE eos_pipeline = %s GROUP BY 1, 2, 3, 4
+                    FROM {self.target_sql} t WHERE eos_pipeline = %s GROUP BY 1, 2, 3, 4
                 ) r ON {_same("k", "r")}
                 WHERE k.window_start IS NULL OR r.n IS DISTINCT FROM 1
             """, (self.pipeline,))
@@ -503,7 +177,7 @@ class _Audit:
 
     def _count_rows(self) -> None:
         for ws, n in self.conn.execute(
-            f"SELECT eos_window_start, count(*) FROM {self.target_sql} WHERE eos_pipeline = %s GROUP BY 1",
+            f"SELECT eos_window_start, count(*) FROM {self.target_sql} t WHERE eos_pipeline = %s GROUP BY 1",
             (self.pipeline,),
         ):
             self._audit(ws).published_rows = n
@@ -633,7 +307,7 @@ class _Audit:
             return
         column = sql.Identifier(self.count_column).as_string(self.conn).replace("%", "%%")
         counted = dict(self.conn.execute(
-            f"SELECT eos_window_start, coalesce(sum({column}), 0) FROM {self.target_sql} WHERE eos_pipeline = %s"
+            f"SELECT eos_window_start, coalesce(sum({column}), 0) FROM {self.target_sql} t WHERE eos_pipeline = %s"
             " GROUP BY 1", (self.pipeline,)).fetchall())
         for ws, window in self.windows.items():
             audit = self.audits[ws]
@@ -742,6 +416,3 @@ def committed_prefix(windows: list) -> dict[TopicPartition, int]:
             offsets[r.tp] = r.end_offset
         previous_end = w.end
     return offsets
-
-
-__all__ = ["verify", "VerifyReport", "WindowAudit", "Totals", "Violation", "committed_prefix"]

@@ -1,0 +1,204 @@
+"""Reading Kafka for ``verify``: the offsets of the records present in each
+committed window's planned ranges (offsets have gaps: transaction markers,
+compaction), copied into a temp table of the audit's transaction; and whether
+a partition is held at its last committed end cut (see core.plan)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from airflow_eos.core.errors import LogTruncated, OffsetsExpired, SourceUnavailable, UnknownTopic
+from airflow_eos.core.plan import held_behind, records_after
+from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog, consumer_config
+from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
+from airflow_eos.verify.report import HELD, SOURCE, Violation, _at, _Window
+
+
+@dataclass
+class Read:
+    """What reading Kafka found, for the audit."""
+
+    counts: dict[tuple[datetime, TopicPartition], int] = field(default_factory=dict)  # records per window and range
+    unreadable: set[datetime] = field(default_factory=set)  # windows with a range Kafka cannot give any more
+    violations: list[Violation] = field(default_factory=list)  # SOURCE and HELD
+
+
+def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
+                 kafka: PartitionLog | Mapping[str, Any], timeout: float, max_timestamp_skew: timedelta) -> Read:
+    """COPY the offsets of the records present in every committed window's
+    ranges into the temp table eos_verify_records (window_start, topic,
+    partition, offset). A range that cannot be read any more is a violation;
+    its window is left out of the record comparisons. A held partition is one
+    too (see _held)."""
+    read = Read()
+    conn.execute('CREATE TEMP TABLE eos_verify_records (window_start timestamptz NOT NULL,'
+                 ' topic text NOT NULL, partition integer NOT NULL, "offset" bigint NOT NULL) ON COMMIT DROP')
+    bounds: dict[TopicPartition, Bounds] = {}
+    with contextlib.ExitStack() as stack:
+        log_, reader = kafka, None
+        if isinstance(kafka, Mapping):
+            log_ = stack.enter_context(KafkaLog(dict(kafka), timeout=timeout))
+            reader = _KafkaRecords(kafka, timeout)
+            stack.callback(reader.close)
+        with conn.cursor() as cur, cur.copy("COPY eos_verify_records FROM STDIN") as copy:
+            for w in windows.values():
+                if w.state != "committed":
+                    continue
+                for r in w.ranges:
+                    if r.width == 0:
+                        read.counts[w.start, r.tp] = 0
+                        continue
+                    # Kafka topic names are [a-zA-Z0-9._-]: nothing to escape in COPY's text format.
+                    prefix = f"{w.start.isoformat()}\t{r.topic}\t{r.partition}\t"
+                    count = 0
+                    try:
+                        if r.tp not in bounds:
+                            bounds[r.tp] = log_.bounds(r.tp)
+                        _check_bounds(r, bounds[r.tp])
+                        batches = (reader.offsets(r) if reader is not None else
+                                   [[rec.offset for rec in log_.records(r.tp, r.start_offset, r.end_offset)]])
+                        for batch in batches:
+                            if batch:
+                                copy.write("".join(f"{prefix}{o}\n" for o in batch))
+                                count += len(batch)
+                    except (OffsetsExpired, LogTruncated, UnknownTopic) as exc:
+                        read.unreadable.add(w.start)
+                        read.violations.append(Violation(
+                            SOURCE, f"{_at(w.start)}: {r.tp} [{r.start_offset}, {r.end_offset}) cannot be read "
+                                    f"from Kafka, so its records cannot be checked: {exc}",
+                            w.start, r.topic, r.partition, r.start_offset))
+                        continue
+                    read.counts[w.start, r.tp] = count
+        read.violations += _held(log_, bounds, windows, max_timestamp_skew)
+    return read
+
+
+def _held(log_: PartitionLog, bounds: dict[TopicPartition, Bounds], windows: Mapping[datetime, _Window],
+          max_timestamp_skew: timedelta) -> list[Violation]:
+    """Per partition, the end cut of the last committed window that plans it:
+    a record stamped beyond the skew there, with older records after it,
+    holds the partition (every later window would plan it empty)."""
+    violations: list[Violation] = []
+    last: dict[TopicPartition, tuple[int, datetime, datetime]] = {}
+    for w in windows.values():
+        if w.state == "committed":
+            for r in w.ranges:
+                last[r.tp] = max(last.get(r.tp, (r.end_offset, w.end, w.start)), (r.end_offset, w.end, w.start))
+    skew_ms = int(max_timestamp_skew.total_seconds() * 1000)
+    for tp, (cut, end, ws) in sorted(last.items()):
+        try:
+            if tp not in bounds:
+                bounds[tp] = log_.bounds(tp)
+            record = log_.first_at_or_after(tp, cut, bounds[tp].end)
+            if record is None or record.timestamp_ms <= to_millis(end) + skew_ms:
+                continue
+            after, read_to = records_after(log_, tp, record.offset, bounds[tp].end)
+            older = held_behind(log_, tp, record, after, read_to, to_millis(end), skew_ms, bounds[tp].end)
+        except (OffsetsExpired, LogTruncated, UnknownTopic):
+            continue  # reported as SOURCE where a committed range cannot be read
+        if older is None:
+            continue
+        violations.append(Violation(
+            HELD, f"{_at(ws)}: {tp} is held at offset {record.offset}, the window's end cut: that record is "
+                  f"stamped {describe_millis(record.timestamp_ms)}, more than max_timestamp_skew "
+                  f"({max_timestamp_skew}) beyond the window's end {end.isoformat()}, and offset "
+                  f"{older.offset} after it is stamped {describe_millis(older.timestamp_ms)}, before that end. "
+                  f"At least {1 + len(after)} record(s) from offset {record.offset} on wait for a window ending "
+                  f"after {describe_millis(record.timestamp_ms)}; plan the next windows with this version "
+                  "(it refuses such a cut, or with on_skewed_timestamp=\"position\" publishes past it)",
+            ws, tp.topic, tp.partition, record.offset))
+    return violations
+
+
+# --------------------------------------------------------------------------- reading Kafka
+
+
+class _KafkaRecords:
+    """Offsets of the records present in planned ranges, with batched fetches.
+    The end of a partition is where a fetch reports it, never the reported
+    high watermark (see core.source)."""
+
+    BATCH = 10_000
+
+    def __init__(self, kafka_config: Mapping[str, Any], timeout: float):
+        self.timeout = timeout
+        self.config = consumer_config(dict(kafka_config))
+        try:
+            self._consumer = Consumer(self.config)
+        except KafkaException as exc:
+            raise SourceUnavailable(f"cannot create Kafka consumer: {exc}") from exc
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def offsets(self, r: PartitionRange) -> Iterator[list[int]]:
+        consumer = self._consumer
+        consumer.assign([KafkaTopicPartition(r.topic, r.partition, r.start_offset)])
+        try:
+            last = r.start_offset - 1
+            answered = time.monotonic()
+            while True:
+                # consume() waits for a full batch or its timeout: drain what is
+                # there, and block only in poll() for the next fetch.
+                messages = consumer.consume(self.BATCH, timeout=0)
+                if not messages:
+                    msg = consumer.poll(min(0.1, self.timeout))
+                    messages = [msg] if msg is not None else []
+                if not messages:
+                    if time.monotonic() - answered > self.timeout:
+                        raise SourceUnavailable(f"no answer from Kafka at {self.config['bootstrap.servers']} "
+                                                f"reading {r.tp} at offset {last + 1} within {self.timeout}s")
+                    continue
+                answered = time.monotonic()
+                batch: list[int] = []
+                for msg in messages:
+                    err = msg.error()
+                    if err is not None:
+                        code = err.code()
+                        if code == KafkaError._PARTITION_EOF:
+                            if msg.offset() < r.end_offset:
+                                raise LogTruncated(f"the log ends at offset {msg.offset()} (the topic was recreated "
+                                                   "or lost data)")
+                            yield batch
+                            return
+                        if code == KafkaError.OFFSET_OUT_OF_RANGE:
+                            raise OffsetsExpired(f"offset {r.start_offset} is no longer in the log (retention "
+                                                 f"deleted planned records): {err}")
+                        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
+                            raise UnknownTopic(f"{r.tp} does not exist: {err}")
+                        if err.fatal() or not err.retriable():
+                            raise SourceUnavailable(f"reading {r.tp} at offset {last + 1}: {err}")
+                        continue
+                    offset = msg.offset()
+                    # skip what a fetch of an earlier assignment may still deliver
+                    if msg.topic() != r.topic or msg.partition() != r.partition or offset <= last:
+                        continue
+                    if offset >= r.end_offset:
+                        yield batch
+                        return
+                    batch.append(offset)
+                    last = offset
+                    if offset == r.end_offset - 1:
+                        yield batch
+                        return
+                yield batch
+        finally:
+            consumer.unassign()
+
+
+def _check_bounds(r: PartitionRange, bounds: Bounds) -> None:
+    """Reading past the end would wait for records that never come (a broker
+    need not report out-of-range offsets there), so compare with the bounds first."""
+    if r.start_offset < bounds.log_start:
+        raise OffsetsExpired(f"the log now starts at offset {bounds.log_start} (retention deleted planned records)")
+    if r.end_offset > bounds.end:
+        raise LogTruncated(f"the log ends at offset {bounds.end} (the topic was recreated or lost data)")

@@ -1,0 +1,128 @@
+"""What ``verify`` reports: the kinds of violation, each finding (Violation),
+each window's numbers (WindowAudit), their sums (Totals), the report; and the
+words the findings use for a window and a record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from airflow_eos.core.windows import PartitionRange, TopicPartition
+
+# Violation kinds
+DUPLICATE = "duplicate"  # a record published more than once in its window
+DEAD_AND_PUBLISHED = "dead_and_published"  # a record that is a dead letter and also published
+MISSING = "missing"  # a record neither published nor a dead letter
+EXTRA = "extra"  # a row or dead letter without a record of its committed window behind it
+COUNT = "count"  # the target's counts differ from the ledger's or from Kafka's
+CHECKPOINT = "checkpoint"  # the committed attempt's checkpoint differs from plan or Kafka
+OFFSETS = "offsets"  # eos.partition_offsets differs from the contiguous committed prefix
+SOURCE = "source"  # planned records can no longer be read from Kafka
+HELD = "held"  # a partition's last committed end cut is a skewed record that holds older records behind it
+MORE = "more"  # further examples of a kind in a window, not listed one by one
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    message: str
+    window_start: datetime | None = None
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class WindowAudit:
+    """One window's numbers. ``None``: not determinable (the window is not
+    committed, its records could not be read, or the target has no lineage)."""
+
+    window_start: datetime | None
+    window_end: datetime | None
+    state: str  # planned | committed | unplanned (rows under a window the ledger does not know)
+    committed_epoch: int | None = None
+    recorded_rows: int | None = None  # eos.windows.published_rows
+    recorded_dead_letters: int | None = None  # eos.windows.dead_letter_rows
+    kafka_records: int | None = None
+    published_rows: int = 0  # rows of the window in the target
+    dead_letters: int = 0  # the window's rows in eos.dead_letters
+    duplicates: int | None = 0
+    missing: int | None = 0
+    extra: int | None = 0
+
+
+@dataclass(frozen=True)
+class Totals:
+    kafka_records: int | None
+    published_rows: int
+    dead_letters: int
+    duplicates: int | None
+    missing: int | None
+    extra: int | None
+
+
+@dataclass
+class VerifyReport:
+    pipeline: str
+    table: str
+    lineage: bool  # record-level (lineage columns) or aggregate
+    windows: list[WindowAudit]
+    offsets: dict[TopicPartition, int]  # eos.partition_offsets
+    expected_offsets: dict[TopicPartition, int]  # the contiguous committed prefix, computed by verify
+    violations: list[Violation] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return not self.violations
+
+    @property
+    def committed_windows(self) -> int:
+        return sum(w.state == "committed" for w in self.windows)
+
+    @property
+    def totals(self) -> Totals:
+        """Sums over the windows; None where no window has the number."""
+        def total(name: str) -> int | None:
+            known = [n for n in (getattr(w, name) for w in self.windows) if n is not None]
+            return sum(known) if known else None
+
+        return Totals(*map(total, ("kafka_records", "published_rows", "dead_letters", "duplicates", "missing",
+                                   "extra")))
+
+    def __str__(self) -> str:
+        t = self.totals
+        head = (f"verify {self.pipeline} against {self.table}: {self.committed_windows} committed window(s), "
+                f"{t.kafka_records} records in Kafka, {t.published_rows} rows published, {t.dead_letters} dead letters")
+        if self.clean:
+            return head + ": clean"
+        return head + f": {len(self.violations)} violation(s)\n  " + "\n  ".join(map(str, self.violations))
+
+
+# --------------------------------------------------------------------------- what the audit reads and says
+
+
+@dataclass
+class _Window:
+    """A window of the pipeline as the ledger records it, with its planned ranges."""
+
+    start: datetime
+    end: datetime
+    state: str
+    committed_epoch: int | None
+    published_rows: int | None
+    dead_letter_rows: int | None
+    ranges: list[PartitionRange]
+
+
+def _at(ws: datetime | None) -> str:
+    return f"window {ws.astimezone(timezone.utc).isoformat()}" if ws is not None else "rows without a window"
+
+
+def _where(topic, partition, offset) -> str:
+    if topic is None or partition is None or offset is None:
+        return f"lineage ({topic}, {partition}, {offset})"
+    return f"{TopicPartition(topic, partition)} offset {offset}"
