@@ -23,6 +23,7 @@ from typing import Any, TextIO
 import psycopg
 from confluent_kafka import KafkaException
 
+from airflow_eos.core.ledger import WindowState
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.errors import EosError
 from airflow_eos.core.database import redact
@@ -312,7 +313,7 @@ def print_report(report: VerifyReport, out: TextIO, *, limit: int = 50) -> None:
     shown = [a for a in report.windows if a.window_start in flagged or id(a) in keep]
     t = report.totals
     rows = [(a.window_start, a.state, a.kafka_records, a.published_rows, a.dead_letters, a.duplicates, a.missing,
-             a.extra, "VIOLATION" if a.window_start in flagged else "ok" if a.state == "committed" else "-")
+             a.extra, "VIOLATION" if a.window_start in flagged else "ok" if a.state == WindowState.COMMITTED else "-")
             for a in shown]
     rows.append(("total", "", t.kafka_records, t.published_rows, t.dead_letters, t.duplicates, t.missing,
                  t.extra, ""))

@@ -16,6 +16,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, TargetError
 from airflow_eos.core.ledger import Ledger, redact
 from airflow_eos.core.sink import Sink
@@ -117,7 +118,7 @@ class _Audit:
         self.violations += read.violations
         self.conn.execute("ANALYZE eos_verify_records")  # autovacuum never analyses temp tables
         for w in self.windows.values():
-            if w.state == "committed" and w.start not in self.unreadable:
+            if w.state == WindowState.COMMITTED and w.start not in self.unreadable:
                 self.audits[w.start].kafka_records = sum(self.kafka_counts[w.start, r.tp] for r in w.ranges)
 
     # ------------------------------------------------------------------ checks
@@ -247,7 +248,7 @@ class _Audit:
         window = self.windows.get(ws)
         if window is None:
             return "is published under a window the pipeline never planned"
-        if window.state != "committed":
+        if window.state != WindowState.COMMITTED:
             return f"is published under a window that is not committed (state {window.state})"
         if topic is None or partition is None or offset is None:
             return "has no complete lineage"
@@ -287,7 +288,7 @@ class _Audit:
             where = _where(row["topic"], row["partition"], row["offset"])
             if row["state"] is None:
                 why = "belongs to a window the pipeline never planned"
-            elif row["state"] != "committed":
+            elif row["state"] != WindowState.COMMITTED:
                 why = f"belongs to a window that is not committed (state {row['state']})"
             elif row["epoch"] != row["committed_epoch"]:
                 why = f"is from attempt {row['epoch']}, but attempt {row['committed_epoch']} committed the window"
@@ -298,7 +299,7 @@ class _Audit:
     def _check_aggregates(self) -> None:
         for ws, audit in self.audits.items():
             window = self.windows.get(ws)
-            if (window is None or window.state != "committed") and audit.published_rows:
+            if (window is None or window.state != WindowState.COMMITTED) and audit.published_rows:
                 self._count(EXTRA, ws, audit.published_rows)
                 state = "the pipeline never planned" if window is None else f"is not committed (state {window.state})"
                 self.violations.append(Violation(EXTRA, f"{_at(ws)}: the target holds {audit.published_rows} row(s) "
@@ -311,7 +312,7 @@ class _Audit:
             " GROUP BY 1", (self.pipeline,)).fetchall())
         for ws, window in self.windows.items():
             audit = self.audits[ws]
-            if window.state != "committed" or audit.kafka_records is None:
+            if window.state != WindowState.COMMITTED or audit.kafka_records is None:
                 continue
             dead = self.conn.execute(
                 "SELECT count(*) FROM eos.dead_letters WHERE pipeline = %s AND window_start = %s AND epoch = %s",
@@ -328,7 +329,7 @@ class _Audit:
 
     def _check_counts(self) -> None:
         for ws, window in self.windows.items():
-            if window.state != "committed":
+            if window.state != WindowState.COMMITTED:
                 continue
             audit = self.audits[ws]
             if audit.published_rows != window.published_rows:
@@ -349,7 +350,7 @@ class _Audit:
         ):
             checkpoints[ws, TopicPartition(topic, partition)] = (start, end, records)
         for ws, window in self.windows.items():
-            if window.state != "committed":
+            if window.state != WindowState.COMMITTED:
                 continue
             planned = {r.tp: r for r in window.ranges}
             for (cws, tp), (start, end, records) in checkpoints.items():
@@ -410,7 +411,7 @@ def committed_prefix(windows: list) -> dict[TopicPartition, int]:
     offsets: dict[TopicPartition, int] = {}
     previous_end = None
     for w in sorted(windows, key=lambda w: w.start):
-        if w.state != "committed" or (previous_end is not None and w.start != previous_end):
+        if w.state != WindowState.COMMITTED or (previous_end is not None and w.start != previous_end):
             break
         for r in w.ranges:
             offsets[r.tp] = r.end_offset

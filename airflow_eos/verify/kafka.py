@@ -16,6 +16,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import LogTruncated, OffsetsExpired, SourceUnavailable, UnknownTopic
 from airflow_eos.core.plan import held_behind, records_after
 from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog, consumer_config
@@ -51,7 +52,7 @@ def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
             stack.callback(reader.close)
         with conn.cursor() as cur, cur.copy("COPY eos_verify_records FROM STDIN") as copy:
             for w in windows.values():
-                if w.state != "committed":
+                if w.state != WindowState.COMMITTED:
                     continue
                 for r in w.ranges:
                     if r.width == 0:
@@ -90,7 +91,7 @@ def _held(log_: PartitionLog, bounds: dict[TopicPartition, Bounds], windows: Map
     violations: list[Violation] = []
     last: dict[TopicPartition, tuple[int, datetime, datetime]] = {}
     for w in windows.values():
-        if w.state == "committed":
+        if w.state == WindowState.COMMITTED:
             for r in w.ranges:
                 last[r.tp] = max(last.get(r.tp, (r.end_offset, w.end, w.start)), (r.end_offset, w.end, w.start))
     skew_ms = int(max_timestamp_skew.total_seconds() * 1000)

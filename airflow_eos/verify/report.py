@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.windows import PartitionRange, TopicPartition
 
 # Violation kinds
@@ -81,7 +82,7 @@ class VerifyReport:
 
     @property
     def committed_windows(self) -> int:
-        return sum(w.state == "committed" for w in self.windows)
+        return sum(w.state == WindowState.COMMITTED for w in self.windows)
 
     @property
     def totals(self) -> Totals:

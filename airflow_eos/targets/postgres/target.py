@@ -67,7 +67,7 @@ from airflow_eos.core.attempt import COMMITTED, Attempt, Checkpoint
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.ledger import Ledger, WindowState
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED, CommitResult, Sink
 from airflow_eos.core.target import POSTGRES, ConnectionRef, TargetSpec
 from airflow_eos.core.windows import Window
@@ -354,7 +354,7 @@ class PostgresTarget(TargetSpec, Sink):
                 # the commit and the offsets mirror still mirrors them.
                 return CommitResult(attempt, ALREADY_COMMITTED, status.committed_epoch, status.published_rows,
                                     status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
-            replacing = status.window_state == COMMITTED
+            replacing = status.window_state == WindowState.COMMITTED
             if replacing and self.on_committed == "skip":
                 attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch};"
                                                      " on_committed='skip'")
