@@ -49,6 +49,7 @@ from airflow_eos.core.errors import (
     TargetError,
     UnknownTopic,
 )
+from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.ledger import Ledger, redact
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, held_behind, records_after
 from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS, WINDOW_COLUMNS, PostgresTarget, parse_table_name
@@ -238,13 +239,9 @@ class _KafkaRecords:
                                                    "or lost data)")
                             yield batch
                             return
-                        if code == KafkaError.OFFSET_OUT_OF_RANGE:
-                            raise OffsetsExpired(f"offset {r.start_offset} is no longer in the log (retention "
-                                                 f"deleted planned records): {err}")
-                        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
-                            raise UnknownTopic(f"{r.tp} does not exist: {err}")
-                        if err.fatal() or not err.retriable():
-                            raise SourceUnavailable(f"reading {r.tp} at offset {last + 1}: {err}")
+                        error = kafka_error(err, str(r.tp), offset=last + 1)
+                        if error is not None:
+                            raise error
                         continue
                     offset = msg.offset()
                     # skip what a fetch of an earlier assignment may still deliver
