@@ -131,12 +131,12 @@ from airflow_eos.core.errors import (
 from airflow_eos.core.database import connect, redact
 from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS, PostgresTarget, StagingWriter, parse_table_name
 from airflow_eos.core.windows import WindowPlan
+from airflow_eos.spark.kafka_ranges import read_records
 from airflow_eos.spark.kafka_source import (
     DEFAULT_MAX_RECORDS_PER_TASK,
     KAFKA_PREFIX,
-    _option_string,
+    option_string,
     read_plan,
-    read_records,
     worker_logging,
 )
 from airflow_eos.spark.kafka_source import register as register_kafka_source
@@ -417,7 +417,7 @@ class StageSettings:
     def to_options(self) -> dict[str, str]:
         # One option per Kafka setting, as the eos_kafka source has them, so that
         # Spark's redaction hides e.g. kafka.sasl.password.
-        kafka = {KAFKA_PREFIX + k: _option_string(v) for k, v in self.kafka_config.items()}
+        kafka = {KAFKA_PREFIX + k: option_string(v) for k, v in self.kafka_config.items()}
         return {**kafka,
             # "secret" in the key: Spark redacts options whose key matches
             # spark.redaction.regex, and the target's URL may hold a password.
