@@ -21,8 +21,8 @@ Option ``report`` (``"module:function"``) names a hook that a task calls after i
 has read its sub-range *completely*, as ``function(options, task, stats)`` with the
 ``report.*`` options (prefix stripped), the KafkaRangePartition and its ReadStats.
 The stage job uses it to record exactly what was consumed (see
-:mod:`airflow_eos.spark.staging_source`); a task that fails or is not read to its end never
-calls it.
+:mod:`airflow_eos.spark.stage_settings`); a task that fails or is not read to its end
+never calls it.
 """
 
 from __future__ import annotations

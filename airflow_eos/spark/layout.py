@@ -87,8 +87,8 @@ def records_as_read(df: "DataFrame") -> "DataFrame":
 
 def writer_input(out: "DataFrame", staged: Sequence[str], not_null: Iterable[str], *, table: str,
                  strict: bool = True) -> tuple["DataFrame", Layout]:
-    """Shape a transform's output for the staging writer (see the module
-    docstring); refuse, before any work, an output that cannot be staged."""
+    """Shape a transform's output for the staging writer (the contract is in
+    :mod:`airflow_eos.spark.stage`); refuse, before any work, an output that cannot be staged."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BinaryType, StringType
 

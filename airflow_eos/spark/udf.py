@@ -51,7 +51,7 @@ def safe_udf(returnType: "DataType | str") -> Callable[[Callable], Callable[...,
     function returning a dict, tuple or Row), or for any other type one field
     ``value``, plus the field ``eos_error`` (null unless the function raised, or
     returned a struct of the wrong shape). Select ``"alias.*"`` to get the fields
-    and ``eos_error`` as columns; see the module docstring.
+    and ``eos_error`` as columns; see :mod:`airflow_eos.spark.stage` for an example.
     """
 
     def decorate(fn: Callable) -> Callable[..., "Column"]:
