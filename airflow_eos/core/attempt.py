@@ -271,6 +271,34 @@ def load_checkpoint(conn: psycopg.Connection, attempt: Attempt) -> Checkpoint:
     return Checkpoint(tuple(ConsumedRange(*r) for r in ranges), tuple(StagedChunk(*c) for c in chunks))
 
 
+def record_read_range(conn: psycopg.Connection, attempt: Attempt, run: str, read: ConsumedRange,
+                      seconds: float) -> ConsumedRange:
+    """Record that a read task of the job run ``run`` read ``read`` completely, in
+    ``seconds``; return what the first report of the same sub-range (same start)
+    says, which a retried or speculative read must repeat (the caller compares)."""
+    end, records = conn.execute(
+        "INSERT INTO eos.read_ranges (pipeline, window_start, epoch, run, topic, partition, start_offset,"
+        " end_offset, records, seconds) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        " ON CONFLICT (pipeline, window_start, epoch, run, topic, partition, start_offset)"
+        " DO UPDATE SET read_at = eos.read_ranges.read_at"  # keep the first report; return it
+        " RETURNING end_offset, records",
+        (attempt.pipeline, attempt.window_start, attempt.epoch, run, read.topic, read.partition, read.start_offset,
+         read.end_offset, read.records, seconds),
+    ).fetchone()
+    return ConsumedRange(read.topic, read.partition, read.start_offset, end, records)
+
+
+def load_read_ranges(conn: psycopg.Connection, attempt: Attempt, run: str) -> list[tuple[ConsumedRange, float]]:
+    """The sub-ranges the read tasks of job run ``run`` reported, with their read seconds."""
+    rows = conn.execute(
+        "SELECT topic, partition, start_offset, end_offset, records, seconds FROM eos.read_ranges"
+        " WHERE pipeline = %s AND window_start = %s AND epoch = %s AND run = %s"
+        " ORDER BY topic, partition, start_offset",
+        (attempt.pipeline, attempt.window_start, attempt.epoch, run),
+    ).fetchall()
+    return [(ConsumedRange(*r[:5]), r[5]) for r in rows]
+
+
 # --------------------------------------------------------------------------- prepare
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from airflow_eos.core.errors import ConfigurationError, SourceUnavailable, UnknownTopic
+from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.windows import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -284,13 +285,10 @@ class KafkaLog:
                     if err.code() == KafkaError._PARTITION_EOF:
                         yield None, msg.offset()
                         return
-                    if err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                        raise SourceUnavailable(f"offset {offset} is out of range for {tp}: {err}")
-                    if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
-                        raise UnknownTopic(f"{tp} does not exist: {err}")
-                    if err.fatal() or not err.retriable():
-                        raise SourceUnavailable(f"reading {tp} at offset {offset}: {err}")
-                    continue
+                    error = kafka_error(err, str(tp), offset=offset if offset >= 0 else None)
+                    if error is not None:
+                        raise error
+                    continue  # transient: the idle polls above bound how long
                 if msg.topic() != tp.topic or msg.partition() != tp.partition or msg.offset() < offset:
                     continue  # a stale fetch from an earlier assignment
                 yield msg, msg.offset()

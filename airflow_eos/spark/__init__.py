@@ -23,23 +23,19 @@ if TYPE_CHECKING:
         register,
     )
     from airflow_eos.spark.session import spark_session, stop_session
-    from airflow_eos.spark.stage import (
-        ERROR_COLUMN,
-        StageFailed,
-        StageReport,
-        TooManyBadRecords,
-        catch_errors,
-        run_stage,
-        safe_udf,
-    )
+    from airflow_eos.spark.stage import StageFailed, StageReport, run_stage
+    from airflow_eos.spark.stager import TooManyBadRecords
+    from airflow_eos.spark.udf import ERROR_COLUMN, catch_errors, safe_udf
 
 # public name -> the module that defines it
 _PUBLIC = {
     **dict.fromkeys(["FORMAT_NAME", "KAFKA_SCHEMA", "KafkaRangeSource", "plan_options", "read_plan", "register"],
                     "airflow_eos.spark.kafka_source"),
     **dict.fromkeys(["spark_session", "stop_session"], "airflow_eos.spark.session"),
-    **dict.fromkeys(["ERROR_COLUMN", "StageFailed", "StageReport", "TooManyBadRecords", "catch_errors", "run_stage",
-                     "safe_udf"], "airflow_eos.spark.stage"),
+    **dict.fromkeys(["StageFailed", "StageReport", "run_stage"], "airflow_eos.spark.stage"),
+    "TooManyBadRecords": "airflow_eos.spark.stager",
+    # pyspark-free until a transform calls the UDF
+    **dict.fromkeys(["ERROR_COLUMN", "catch_errors", "safe_udf"], "airflow_eos.spark.udf"),
 }
 __all__ = ["ERROR_COLUMN", "FORMAT_NAME", "KAFKA_SCHEMA", "KafkaRangeSource", "StageFailed", "StageReport",
            "TooManyBadRecords", "catch_errors", "plan_options", "read_plan", "register", "run_stage", "safe_udf",

@@ -16,6 +16,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import LogTruncated, OffsetsExpired, SourceUnavailable, UnknownTopic
 from airflow_eos.core.plan import held_behind, records_after
@@ -171,13 +172,9 @@ class _KafkaRecords:
                                                    "or lost data)")
                             yield batch
                             return
-                        if code == KafkaError.OFFSET_OUT_OF_RANGE:
-                            raise OffsetsExpired(f"offset {r.start_offset} is no longer in the log (retention "
-                                                 f"deleted planned records): {err}")
-                        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
-                            raise UnknownTopic(f"{r.tp} does not exist: {err}")
-                        if err.fatal() or not err.retriable():
-                            raise SourceUnavailable(f"reading {r.tp} at offset {last + 1}: {err}")
+                        error = kafka_error(err, str(r.tp), offset=last + 1)
+                        if error is not None:
+                            raise error
                         continue
                     offset = msg.offset()
                     # skip what a fetch of an earlier assignment may still deliver

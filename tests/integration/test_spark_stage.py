@@ -660,7 +660,10 @@ def test_job_commit_refuses_a_read_that_does_not_cover_the_plan(pg_url, ledger):
     from airflow_eos.core.attempt import StagedChunk
     from airflow_eos.core.errors import InvalidCheckpoint
     from airflow_eos.spark.kafka_source import KafkaRangePartition, ReadStats
-    from airflow_eos.spark.stage import Layout, StagedTask, StageSettings, commit_stage, report_options, report_read
+    from airflow_eos.spark.layout import Layout
+    from airflow_eos.spark.stage_settings import StageSettings, report_options, report_read
+    from airflow_eos.spark.stager import StagedTask
+    from airflow_eos.spark.staging_source import commit_stage
 
     plan = WindowPlan(WINDOW, (PartitionRange("t", 0, 0, 300), PartitionRange("t", 1, 10, 20)))
     execute(pg_url, ORDERS_DDL)
@@ -817,7 +820,9 @@ def test_refused_rows_are_found_from_the_copy_line_even_across_multiline_values(
     lineage, and every other row is staged once."""
     import pyarrow as pa
 
-    from airflow_eos.spark.stage import Layout, StageSettings, _TaskStager
+    from airflow_eos.spark.layout import Layout
+    from airflow_eos.spark.stage_settings import StageSettings
+    from airflow_eos.spark.stager import TaskStager
 
     plan = WindowPlan(WINDOW, (PartitionRange("t", 0, 0, 200),))
     execute(pg_url, ORDERS_DDL)
@@ -843,7 +848,7 @@ def test_refused_rows_are_found_from_the_copy_line_even_across_multiline_values(
     assert batches[0].column("note")[0].as_py().count("\n") == 0 and batches[0].column("note")[2].as_py().count("\n")
     settings = StageSettings(target, attempt, plan, "run1", Layout(tuple(staged), None, tuple(
         ["eos_topic", "eos_partition", "eos_offset"]), None), max_bad_records=2)
-    result = _TaskStager(settings, iter(batches)).run()
+    result = TaskStager(settings, iter(batches)).run()
 
     assert (result.rows, result.dead_letters, result.refused) == (198, 2, 2)
     assert len(result.chunks) == 3, result.chunks  # no halving: each refused row found at once
@@ -880,7 +885,9 @@ def test_refused_values_are_isolated_per_column_not_per_row(pg_url, ledger, kafk
     is staged once."""
     import pyarrow as pa
 
-    from airflow_eos.spark.stage import Layout, StageSettings, _TaskStager
+    from airflow_eos.spark.layout import Layout
+    from airflow_eos.spark.stage_settings import StageSettings
+    from airflow_eos.spark.stager import TaskStager
 
     admin = AdminClient({"bootstrap.servers": kafka.address})
     topic = f"stage-items-{uuid.uuid4().hex[:8]}"
@@ -911,7 +918,7 @@ def test_refused_values_are_isolated_per_column_not_per_row(pg_url, ledger, kafk
     settings = StageSettings(target, attempt, plan, "run1", Layout(
         tuple(target.writer(attempt).columns), None, ("eos_topic", "eos_partition", "eos_offset"), None),
         max_bad_records=3_000, kafka_config=kafka_config)
-    result = _TaskStager(settings, iter([batch(list(range(i, i + 1_000))) for i in range(0, 10_000, 1_000)])).run()
+    result = TaskStager(settings, iter([batch(list(range(i, i + 1_000))) for i in range(0, 10_000, 1_000)])).run()
 
     refused = bad_qty | bad_code
     assert (result.rows, result.dead_letters, result.refused) == (10_000 - len(refused), len(refused), len(refused))
