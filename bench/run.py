@@ -478,63 +478,20 @@ def use_database(url: str) -> None:
          "schema": pg["dbname"], "password": pg.get("password")})
 
 
-class Capture:
-    """Hooks into the in-process task runs of dag.test: the stage job's report
-    line (from spark-submit's output) and each commit's own seconds."""
-
-    def __init__(self):
-        self.stage_reports: list[dict] = []
-        self.commits: list = []
-        self.log_path: Path | None = None  # spark-submit's output of the stage jobs, appended
-
-    def install(self) -> None:
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-        from airflow_eos.targets.postgres.target import PostgresTarget
-
-        capture = self
-        process_log = SparkSubmitHook._process_spark_submit_log
-
-        def tee(hook, itr):
-            def lines():
-                log = open(capture.log_path, "a") if capture.log_path else None  # noqa: SIM115
-                for line in itr:
-                    text = line if isinstance(line, str) else line.decode(errors="replace")
-                    if log:
-                        log.write(text if text.endswith("\n") else text + "\n")
-                    if text.startswith("EOS_STAGE_REPORT "):
-                        capture.stage_reports.append(json.loads(text.split(" ", 1)[1]))
-                    yield line
-            return process_log(hook, lines())
-
-        commit = PostgresTarget.commit
-
-        def timed_commit(target, attempt):
-            result = commit(target, attempt)
-            capture.commits.append(result)
-            return result
-
-        from airflow_eos.spark import stage
-
-        run_stage = stage.run_stage
-
-        def reported_run_stage(*args, **kwargs):  # the stage on Spark Connect runs in this process
-            report = run_stage(*args, **kwargs)
-            capture.stage_reports.append(report.to_dict())
-            return report
-
-        SparkSubmitHook._process_spark_submit_log = tee
-        PostgresTarget.commit = timed_commit
-        stage.run_stage = reported_run_stage
+def task_results(run) -> dict[str, dict]:
+    """Each task instance's return value (its XCom), by task id: the plan, the
+    stage step's ``Staged`` dict (its ``report`` is the stage job's report,
+    from its EOS_STAGE_REPORT line or from run_stage on Spark Connect) and the
+    commit step's ``Committed`` dict (``seconds``: the target's commit)."""
+    return {ti.task_id: ti.xcom_pull(task_ids=ti.task_id, key="return_value") for ti in run.get_task_instances()}
 
 
-def run_exactly_once(dag, size: int, url: str, capture: Capture, run_after: datetime,
+def run_exactly_once(dag, size: int, url: str, run_after: datetime,
                      spark_connection: dict, table: str, meter: CpuMeter) -> dict:
     import psycopg
 
     use_database(url)
     os.environ["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(spark_connection)
-    reports, commits = len(capture.stage_reports), len(capture.commits)
     with TreeMemory(connect=spark_connection["conn_type"] == "spark_connect") as memory, meter.measure() as cpu:
         started = time.perf_counter()
         run = dag.test(logical_date=T0 + HOUR, run_after=run_after)
@@ -553,8 +510,9 @@ def run_exactly_once(dag, size: int, url: str, capture: Capture, run_after: date
 
     phases = {k: span(k)[2] for k in ("plan", "stage", "await_checkpoint", "commit")}
     window_s = (span("commit")[1] - span("plan")[0]).total_seconds()
-    report = capture.stage_reports[reports] if len(capture.stage_reports) > reports else None
-    commit = capture.commits[commits] if len(capture.commits) > commits else None
+    xcom = task_results(run)
+    report = (xcom.get("window.stage") or {}).get("report")
+    commit = xcom.get("window.commit")
     job = report["seconds"] if report else {}
     # The stage task minus the job's own run_stage: with spark-submit, its JVM and
     # session start, imports and session stop; on Spark Connect, the client
@@ -566,7 +524,7 @@ def run_exactly_once(dag, size: int, url: str, capture: Capture, run_after: date
         "stage_job_s": job, "stage_spark_submit_overhead_s": jvm_s,
         "read_tasks": report["read_tasks"] if report else None,
         "read_seconds_summed": report["read_seconds"] if report else None,
-        "commit_core_s": commit.seconds if commit else None,
+        "commit_core_s": commit["seconds"] if commit else None,
         "stage_peak_rss_bytes": memory.peak, "cpu_s": cpu.seconds,
     }
 
@@ -873,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
         results["machine"] = machine_info(pg.address)
         meter = CpuMeter(pg.address)
         admin = AdminClient({"bootstrap.servers": bootstrap})
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+        from psycopg.conninfo import make_conninfo
 
         from airflow.utils import db
 
@@ -883,9 +841,6 @@ def main(argv: list[str] | None = None) -> int:
         dags = {name: runpy.run_path(str(REPO / "dags" / f"{name}.py"))["dag"]
                 for name in ("orders_hourly", "orders_hourly_partitioned")}
         alo_dag = at_least_once_dag()
-        capture = Capture()
-        capture.log_path = work / "stage-jobs.log"
-        capture.install()
         for k, size in enumerate(sizes):
             print(f"\n== window of {size:,} records", flush=True)
             # One database per way of staging: the same window, each with a ledger of its own.
@@ -934,7 +889,7 @@ def main(argv: list[str] | None = None) -> int:
             if k == 0:
                 # The server's first stage starts its Python daemons (cold); a deployment's
                 # server is warm after its first window. Measured, reported, not compared.
-                warm_up = run_exactly_once(dags["orders_hourly"], size, urls["warm_up"], capture,
+                warm_up = run_exactly_once(dags["orders_hourly"], size, urls["warm_up"],
                                            run_after - HOUR / 4, connect_conn, "analytics.orders", meter)
                 results["spark_connect_first_window_s"] = warm_up["window_s"]
                 print(f"   first window on the fresh server (cold): {warm_up['window_s']:.1f}s", flush=True)
@@ -942,7 +897,7 @@ def main(argv: list[str] | None = None) -> int:
                     ("exactly_once_insert_select", "connect", connect_conn, "orders_hourly", "analytics.orders"))
             for i, (key, mode, conn, dag_id, table) in enumerate(runs):
                 checkpoint(pg.address)
-                r[key] = run_exactly_once(dags[dag_id], size, urls[mode], capture, run_after + i * HOUR / 4, conn,
+                r[key] = run_exactly_once(dags[dag_id], size, urls[mode], run_after + i * HOUR / 4, conn,
                                           table, meter)
                 print(f"   exactly-once ({mode}): {r[key]['window_s']:.1f}s ({r[key]['records_per_s']:,.0f}/s), "
                       f"phases { {k2: round(v, 2) for k2, v in r[key]['phases_s'].items()} }", flush=True)
@@ -958,7 +913,7 @@ def main(argv: list[str] | None = None) -> int:
                 repeat_after = run_after + HOUR / 2 + j * HOUR / 16
                 checkpoint(pg.address)
                 eos_runs.append(run_exactly_once(
-                    dags["orders_hourly_partitioned"], size, urls[f"partitioned_{j}"], capture,
+                    dags["orders_hourly_partitioned"], size, urls[f"partitioned_{j}"],
                     repeat_after, connect_conn, "analytics.orders_partitioned", meter))
                 checkpoint(pg.address)
                 alo_runs.append(run_at_least_once_on_connect(size, url, bootstrap, ends,
@@ -1036,7 +991,7 @@ def main(argv: list[str] | None = None) -> int:
     ordered.update({k: v for k, v in results.items() if k not in ordered})
     (args.out / "results.json").write_text(json.dumps(_rounded(ordered), indent=2, default=str) + "\n")
     (args.out / "results.md").write_text(render_markdown(results))
-    print(f"\nwritten {args.out / 'results.md'} and {args.out / 'results.json'}; stage job logs in {work}")
+    print(f"\nwritten {args.out / 'results.md'} and {args.out / 'results.json'}")
     print(render_markdown(results))
     return 0
 
