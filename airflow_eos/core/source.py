@@ -19,6 +19,7 @@ from typing import Protocol
 
 from airflow_eos.core.errors import ConfigurationError, SourceUnavailable, UnknownTopic
 from airflow_eos.core.kafka_errors import kafka_error
+from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA
 from airflow_eos.core.windows import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class KafkaSource:
     override the connection's (e.g. larger fetch sizes for the stage job)."""
 
     topics: tuple[str, ...]
-    kafka_conn_id: str = "kafka_default"
+    kafka_conn_id: str = DEFAULT_CONN_IDS[KAFKA]
     reader_config: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -69,7 +69,7 @@ from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPr
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger, WindowState
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED, CommitResult, Sink
-from airflow_eos.core.target import POSTGRES, ConnectionRef, TargetSpec
+from airflow_eos.core.target import DEFAULT_CONN_IDS, POSTGRES, ConnectionRef, TargetSpec
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.postgres import publish, shape, staging
 from airflow_eos.targets.postgres.names import (
@@ -145,7 +145,7 @@ class PostgresTarget(TargetSpec, Sink):
     columns: tuple[str, ...] | None = None
     # In a DAG the target names an Airflow connection instead of a URL; the
     # operators resolve it (with_url) where the connection can be read.
-    postgres_conn_id: str = "postgres_default"
+    postgres_conn_id: str = DEFAULT_CONN_IDS[POSTGRES]
 
     kind: ClassVar[str] = "postgres"
 
