@@ -127,6 +127,17 @@ def consumer_config(kafka_config: dict, **overrides) -> dict:
     return config
 
 
+def reader(config: dict, purpose: str = "a Kafka consumer"):
+    """A confluent-kafka Consumer for ``config`` (see consumer_config); a client
+    that cannot be created is SourceUnavailable, saying for what."""
+    from confluent_kafka import Consumer, KafkaException
+
+    try:
+        return Consumer(config)
+    except KafkaException as exc:
+        raise SourceUnavailable(f"cannot create {purpose}: {exc}") from exc
+
+
 def normalise_topics(topics, pipeline: str = "") -> tuple[str, ...]:
     """A pipeline's topics as a sorted tuple; refuses what can never be read."""
     owner = f" of pipeline {pipeline!r}" if pipeline else ""
@@ -192,7 +203,6 @@ class KafkaLog:
     """A PartitionLog over a real Kafka (or Kafka-protocol) cluster."""
 
     def __init__(self, kafka_config: dict, *, timeout: float = 10.0):
-        from confluent_kafka import Consumer, KafkaException
         self.timeout = timeout
         # Planning reads single records at scattered offsets: fetch little and
         # prefetch nothing, or every probe pulls megabytes it then throws away.
@@ -207,10 +217,7 @@ class KafkaLog:
         config.setdefault("fetch.max.bytes", max(PROBE_FETCH_BYTES, int(config["message.max.bytes"])))
         self._config = consumer_config(config)
         self._errors = client_errors(self._config)
-        try:
-            self._consumer = Consumer(self._config)
-        except KafkaException as exc:
-            raise SourceUnavailable(f"cannot create Kafka consumer: {exc}") from exc
+        self._consumer = reader(self._config, "Kafka consumer")
 
     def close(self) -> None:
         self._consumer.close()

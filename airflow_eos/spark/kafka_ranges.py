@@ -264,10 +264,10 @@ def read_range(
     error (LogTruncated, OffsetsExpired, UnknownTopic, SourceUnavailable) — never
     fewer records because the log ended early.
     """
-    from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+    from confluent_kafka import KafkaError, Message
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    from airflow_eos.core.source import client_errors, consumer_config
+    from airflow_eos.core.source import client_errors, consumer_config, reader
 
     stats = stats if stats is not None else ReadStats()
     start, end = task.start_offset, task.end_offset
@@ -279,10 +279,7 @@ def read_range(
         # Don't prefetch far past a narrow range's end; librdkafka's default is 100k messages.
         **{"queued.min.messages": max(1_000, min(100_000, end - start))},
     )
-    try:
-        consumer = Consumer(config)
-    except KafkaException as exc:
-        raise SourceUnavailable(f"cannot create a Kafka consumer for {task}: {exc}") from exc
+    consumer = reader(config, f"a Kafka consumer for {task}")
     columns = _Columns(task.topic, task.partition, _arrow_schema())
     next_offset = start  # every offset below this one is accounted for
     reached = start  # the log has been read up to here (records, or end of partition)

@@ -13,14 +13,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import LogTruncated, OffsetsExpired, SourceUnavailable, UnknownTopic
 from airflow_eos.core.plan import held_behind, records_after
-from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog, consumer_config
+from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog, consumer_config, reader
 from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
 from airflow_eos.verify.report import HELD, SOURCE, Violation, _at, _Window
 
@@ -134,10 +134,7 @@ class _KafkaRecords:
     def __init__(self, kafka_config: Mapping[str, Any], timeout: float):
         self.timeout = timeout
         self.config = consumer_config(dict(kafka_config))
-        try:
-            self._consumer = Consumer(self.config)
-        except KafkaException as exc:
-            raise SourceUnavailable(f"cannot create Kafka consumer: {exc}") from exc
+        self._consumer = reader(self.config, "Kafka consumer")
 
     def close(self) -> None:
         self._consumer.close()
