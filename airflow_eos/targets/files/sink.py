@@ -153,6 +153,12 @@ class FileSink(Sink):
                 raise TargetError(f"{path} is not writable by {user}: grant it write access (chown/chmod) for the "
                                   "tasks and the Spark executors, or choose another FileTarget(path=...)")
 
+    def _unwritable(self, path: str, exc: OSError) -> TargetError:
+        return TargetError(f"cannot create {path}: {exc.strerror or exc}. The root {self.root} of the file target must "
+                           f"be writable by {_user()} (the tasks and the Spark executors): grant it write access, "
+                           "free space on its file system, or choose another FileTarget(path=...); no attempt was "
+                           "opened")
+
     # ------------------------------------------------------------------ begin
 
     def begin(self, window: Window) -> Attempt:
@@ -163,7 +169,7 @@ class FileSink(Sink):
         try:
             os.makedirs(self.staging_root, exist_ok=True)
         except OSError as exc:
-            raise TargetError(f"cannot create {self.staging_root}: {exc}") from exc
+            raise self._unwritable(self.staging_root, exc) from exc
         with self.ledger.connect() as conn, conn.transaction():
             attempt = attempts.open_attempt(conn, window)
             staging = self.staging_dir(attempt)
@@ -176,7 +182,7 @@ class FileSink(Sink):
                     os.mkdir(os.path.join(staging, sub))
                 fs.fsync_dir(self.staging_root)
             except OSError as exc:
-                raise TargetError(f"cannot create the staging directory {staging} of {attempt}: {exc}") from exc
+                raise self._unwritable(staging, exc) from exc
         log.info("%s: staging directory %s created", attempt, staging)
         return attempt
 
