@@ -207,6 +207,26 @@ def test_retried_commit_is_nothing_to_do(pg_url, root, sink, freeze_windows):
     assert seen_lineage(root) == lineage(plan)
 
 
+def test_racing_commits_of_one_attempt_publish_exactly_once(pg_url, root, sink, freeze_windows):
+    [plan] = freeze_windows(PIPELINE, [0])
+    attempt = stage(sink, plan)
+    results, errors = [], []
+
+    def commit():
+        try:
+            results.append(sink.commit(attempt).outcome)
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and sorted(results) == sorted([PUBLISHED, ALREADY_COMMITTED, ALREADY_COMMITTED])
+    assert seen_lineage(root) == lineage(plan) and staging_dirs(root) == []
+
+
 def test_out_of_order_windows_advance_offsets_over_the_contiguous_prefix(pg_url, root, sink, freeze_windows):
     w0, w1, w2 = freeze_windows(PIPELINE, [0, 1, 2])
     sink.commit(stage(sink, w1))
@@ -428,13 +448,17 @@ def test_replace_swaps_the_partition_atomically_readers_never_see_it_missing(pg_
     partition = sink.partition_dir(first)
     rerun = stage(sink, w0, version=2)  # the fix: every record published, none dead
 
+    old_names = set(os.listdir(partition))
+    new_names = {os.path.basename(p) for (p,) in execute(
+        pg_url, "SELECT path FROM eos.staged_files WHERE epoch = 2 AND kind = 'data'")} | {COMMIT_FILE}
+    assert len(old_names) == len(new_names) == 3 and not old_names & new_names - {COMMIT_FILE}
+
     def observe():
-        """A reader listing the window's directory: its commit file and its files
-        must always be there, of one version."""
+        """A reader listing the window's directory sees one whole version:
+        never nothing, never a mix of the two versions' files."""
         names = set(os.listdir(partition))
-        doc = commit_doc(partition)
-        assert {f["name"] for f in doc["files"]} | {COMMIT_FILE} == names, "a half-replaced window"
-        return doc["epoch"]
+        assert names in (old_names, new_names), f"a half-replaced or missing window: {sorted(names)}"
+        return 1 if names == old_names else 2
 
     seen, stop, errors = [], threading.Event(), []
 
