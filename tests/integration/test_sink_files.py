@@ -425,6 +425,15 @@ def test_files_of_a_native_parquet_writer_are_staged_counted_and_published(pg_ur
 
     chunks = sink.staged_chunks(attempt)
     assert sorted((c.rows, c.dead_letters) for c in chunks) == [(0, 1), (4, 0), (5, 0)]
+    # a second run of the job (the first died after writing) starts from empty writers' folders
+    assert sink.clear_writes(attempt) == 3 and sink.count_staged(attempt) == {}
+    assert visible_entries(writer.data_dir) == [] and os.listdir(writer.dead_letter_dir) == []
+    assert not os.path.exists(os.path.join(writer.data_dir, "_temporary"))
+    for i, batch in enumerate(records(plan, skip={(1, 4)})):
+        name = f"part-{i:05d}-5b6c7d8e-0000-4000-8000-00000000000{i}-c000.snappy.parquet"
+        pq.write_table(pa.Table.from_batches([batch]), os.path.join(writer.data_dir, name), compression="snappy")
+    pq.write_table(dead, os.path.join(writer.dead_letter_dir, "part-00000-dl.snappy.parquet"))
+    chunks = sink.staged_chunks(attempt)
     sink.checkpoint(attempt, consumed(plan), chunks)
     assert sink.prepare(attempt).prepared
     result = sink.commit(attempt)

@@ -216,6 +216,28 @@ class FileSink(Sink):
             chunks.append(StagedChunk(chunk, rows, dead, file_digest(sorted(paths))))
         return chunks
 
+    def clear_writes(self, attempt: Attempt) -> int:
+        """Delete what earlier runs of the attempt's stage job left in the
+        writers' folders (``data/``, ``dead_letters/``), before a new run
+        writes: :meth:`staged_chunks` counts every file there. What a
+        checkpoint sealed is kept (a new checkpoint's seal sorts it). Returns
+        the files deleted."""
+        staging = self.staging_dir(attempt)
+        files = scan(staging, [KINDS[k][0] for k in KINDS])
+        if files is None:
+            raise TargetError(f"staging directory {staging} of {attempt} does not exist: the attempt was aborted "
+                              "or committed")
+        for f in files:
+            try:
+                os.unlink(os.path.join(staging, f.path))
+            except FileNotFoundError:
+                pass
+        for k in KINDS:
+            for entry in os.scandir(os.path.join(staging, KINDS[k][0])):
+                if entry.is_dir(follow_symlinks=False):  # e.g. Spark's _temporary of a run that died
+                    fs.remove_tree(entry.path)
+        return len(files)
+
     def count_staged(self, attempt: Attempt) -> dict[int, tuple[int, int]] | None:
         files = scan(self.staging_dir(attempt))
         return None if files is None else counts(files)
