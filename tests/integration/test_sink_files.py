@@ -251,8 +251,8 @@ def test_crash_after_the_decision_before_any_file_moved_then_a_retry_publishes(p
     assert publication(pg_url, attempt)[0] == "decided"
     assert visible_entries(root) == [] and seen_lineage(root) == []  # decided, not visible yet
 
-    result = sink.commit(attempt)  # the retried commit task finishes it
-    assert result.outcome == PUBLISHED and seen_lineage(root) == lineage(plan)
+    result = sink.commit(attempt)  # the retried commit task finishes it (the decision was the commit)
+    assert result.outcome == ALREADY_COMMITTED and seen_lineage(root) == lineage(plan)
     assert publication(pg_url, attempt)[0] == "published" and staging_dirs(root) == []
     assert sink.commit(attempt).outcome == ALREADY_COMMITTED
 
@@ -266,7 +266,7 @@ def test_crash_between_the_commit_file_and_the_rename_then_a_retry_publishes(pg_
     sink.write_commit_file(os.path.join(sink.staging_dir(attempt), PUBLISH), doc)  # then the task dies
     assert visible_entries(root) == []
 
-    assert sink.commit(attempt).outcome == PUBLISHED
+    assert sink.commit(attempt).outcome == ALREADY_COMMITTED
     assert seen_lineage(root) == lineage(plan) and commit_doc(sink.partition_dir(attempt))["epoch"] == 1
 
 
@@ -575,7 +575,7 @@ def test_an_existing_foreign_partition_directory_is_never_overwritten(pg_url, ro
     # the window is decided: moving the foreign directory away and retrying publishes it
     assert window_row(pg_url, plan.window)[0] == "committed" and publication(pg_url, attempt)[0] == "decided"
     os.rename(foreign, str(root / "_moved_away"))
-    assert sink.commit(attempt).outcome == PUBLISHED and seen_lineage(root) == lineage(plan)
+    assert sink.commit(attempt).outcome == ALREADY_COMMITTED and seen_lineage(root) == lineage(plan)
 
 
 def test_an_empty_or_other_pipelines_partition_directory_is_never_replaced(pg_url, root, sink, freeze_windows):

@@ -395,8 +395,10 @@ class FileSink(Sink):
 
         A retry after a crash anywhere: before the decision's commit nothing
         happened; after it, 2 finishes the publication — the destination
-        complete → nothing to do (ALREADY_COMMITTED), the staging complete →
-        rename, neither → a loud error naming both.
+        complete → nothing to do, the staging complete → rename, neither → a
+        loud error naming both. The decision is the commit: only the call that
+        made it reports PUBLISHED (REPLACED); a retry or a racing call reports
+        ALREADY_COMMITTED, and logs it if it finished the publication.
         """
         started = time.monotonic()
         decided = self.decide(attempt)
@@ -408,10 +410,12 @@ class FileSink(Sink):
         with self.ledger.connect() as conn, conn.transaction():
             status = attempts.load_status(conn, attempt)
             offsets = attempts.load_offsets(conn, attempt.pipeline)
-        if committed_before and how in (COMPLETE, SUPERSEDED_HOW):
-            outcome = ALREADY_COMMITTED
-        else:
-            outcome = REPLACED if replacing else PUBLISHED
+        # The decision is the commit: the call that made it reports PUBLISHED or
+        # REPLACED; every other call (a retry, a racing commit) ALREADY_COMMITTED,
+        # also when it is the one that moved the files into place (logged).
+        outcome = ALREADY_COMMITTED if committed_before else REPLACED if replacing else PUBLISHED
+        if committed_before and how in (RENAMED, EXCHANGED):
+            log.info("%s: committed before; this call finished its publication (%s)", attempt, how)
         result = CommitResult(attempt, outcome, status.committed_epoch, status.published_rows,
                               status.dead_letter_rows, replaced_rows, offsets, time.monotonic() - started)
         log.info("%s (%s, %s)", result, how, self.partition_dir(attempt))
