@@ -789,6 +789,19 @@ class FileSink(Sink):
                 copy.write(out.getvalue())
         return sql.Identifier(name)
 
+    # ------------------------------------------------------------------ for the Spark stage job
+
+    def spark_output(self, attempt: Attempt):  # -> core.sink.SparkOutput
+        """The stage job writes with Spark's own Parquet writer (JVM side) into
+        the staging's writers' folders: rows into ``data/``, dead letters into
+        ``dead_letters/``; the layout's keys are dropped from the rows (the
+        partition directory gives them to readers). Then it checkpoints with
+        :meth:`staged_chunks`, whose seal keeps exactly those files."""
+        from airflow_eos.core.sink import SparkOutput
+
+        writer = self.writer(attempt)
+        return SparkOutput("file://" + writer.data_dir, "file://" + writer.dead_letter_dir, writer.reserved)
+
 
 def _pg_type(t) -> str:
     import pyarrow as pa
