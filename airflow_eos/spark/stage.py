@@ -127,6 +127,7 @@ from airflow_eos.core.errors import (
     WindowConflict,
     WindowNotPlanned,
 )
+from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import DEAD_LETTER_SCHEMA, Sink, SparkOutput
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK, read_plan
@@ -383,6 +384,9 @@ def _stage_native(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, tar
             data = persisted.filter(F.col(layout.error).isNull())
         data = data.select(*[_column(c) for c in layout.staged])
         data.write.mode("append").parquet(output.data)
+        # The rows are in the staging, the dead letters and the checkpoint not yet
+        # (the same point as a write task's half-staged rows for the other sinks).
+        fault_point("stage.mid_write")
         if dead_count:
             _write_dead_letters(spark, persisted, layout, output, kafka_config)
         written = time.perf_counter()
