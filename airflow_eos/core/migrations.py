@@ -271,6 +271,51 @@ MIGRATIONS: list[tuple[int, str]] = [
         $$;
         """,
     ),
+    (
+        7,
+        """
+        -- Targets without transactions of their own (files): what a checkpoint
+        -- staged, file by file (path relative to the attempt's staging
+        -- directory, size, rows from the Parquet footer), written by the seal in
+        -- the checkpoint's transaction; prepare and commit check the files
+        -- against it.
+        CREATE TABLE eos.staged_files (
+            pipeline      text        NOT NULL,
+            window_start  timestamptz NOT NULL,
+            epoch         integer     NOT NULL,
+            path          text        NOT NULL,
+            kind          text        NOT NULL CHECK (kind IN ('data', 'dead_letters')),
+            chunk         bigint      NOT NULL,
+            bytes         bigint      NOT NULL CHECK (bytes >= 0),
+            rows          bigint      NOT NULL CHECK (rows >= 0),
+            PRIMARY KEY (pipeline, window_start, epoch, path),
+            FOREIGN KEY (pipeline, window_start, epoch) REFERENCES eos.attempts ON DELETE CASCADE
+        );
+
+        -- The commit of such a target is a two-phase commit: the ledger
+        -- transaction that marks the window committed also records its
+        -- publication as 'decided'; moving the files into place follows and
+        -- marks it 'published'. A decided publication is finished by a retried
+        -- commit, a later commit of the pipeline or the sweep; one whose window
+        -- another attempt committed since (a replace) is 'superseded'.
+        CREATE TABLE eos.publications (
+            pipeline      text        NOT NULL,
+            window_start  timestamptz NOT NULL,
+            epoch         integer     NOT NULL,
+            target        text        NOT NULL,  -- the target's identity, e.g. files:/data/orders
+            location      text        NOT NULL,  -- where the window is published, e.g. its partition directory
+            state         text        NOT NULL DEFAULT 'decided'
+                          CHECK (state IN ('decided', 'published', 'superseded')),
+            schema        text,  -- the published rows' schema, as the target writes it
+            replaces      integer,  -- the epoch whose publication this one replaces
+            decided_at    timestamptz NOT NULL DEFAULT now(),
+            published_at  timestamptz,
+            PRIMARY KEY (pipeline, window_start, epoch),
+            FOREIGN KEY (pipeline, window_start, epoch) REFERENCES eos.attempts ON DELETE CASCADE
+        );
+        CREATE INDEX publications_decided ON eos.publications (target) WHERE state = 'decided';
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

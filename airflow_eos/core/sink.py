@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from enum import Enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -98,6 +98,23 @@ class CommitResult:
                 f"{replaced} in {self.seconds:.2f}s")
 
 
+@dataclass(frozen=True)
+class SparkOutput:
+    """Where the stage job writes an attempt's rows with Spark's own writer
+    (JVM side: no Python hop per row), for a sink that takes files (see
+    :meth:`Sink.spark_output`)."""
+
+    data: str  # a directory URL: the rows, as Parquet (df.write.mode("append").parquet)
+    dead_letters: str  # a directory URL: the dead letters, as Parquet with DEAD_LETTER_SCHEMA
+    reserved: tuple[str, ...] = ()  # columns the target gives readers itself: dropped from the rows
+
+
+# The columns (and Spark types) of a dead letter written as Parquet: its source
+# record, the error, and the raw record.
+DEAD_LETTER_SCHEMA = (("topic", "string"), ("partition", "int"), ("offset", "long"), ("error", "string"),
+                       ("key", "binary"), ("value", "binary"))
+
+
 class Sink(ABC):
     """A two-phase-commit target. Subclasses keep the ledger in ``self.ledger``."""
 
@@ -112,6 +129,34 @@ class Sink(ABC):
     def writer(self, attempt: Attempt):
         """A picklable object that Spark tasks use to stage rows; each of its
         writes returns a StagedChunk for the job commit."""
+
+    def spark_output(self, attempt: Attempt) -> SparkOutput | None:
+        """Where the stage job writes the attempt's rows with Spark's own writer
+        (JVM side, no Python hop per row), or None (the default): the job hands
+        Arrow batches to :meth:`writer` in its write tasks.
+
+        A sink that names an output has the job, for each run of the attempt:
+        call :meth:`clear_writes`; write the good rows (lineage columns kept,
+        ``reserved`` ones dropped) with ``write.mode("append").parquet(data)``
+        and the dead letters into ``dead_letters``; then call
+        :meth:`checkpoint` with what the read tasks consumed and
+        :meth:`staged_chunks`."""
+        return None
+
+    def clear_writes(self, attempt: Attempt) -> int:
+        """Delete what earlier runs of the stage job left in the attempt's
+        :meth:`spark_output` (a sink that names one implements it)."""
+        raise NotImplementedError(f"{type(self).__name__} names no spark_output")
+
+    def staged_chunks(self, attempt: Attempt) -> list[StagedChunk]:
+        """The chunks the Spark job's own writer left in :meth:`spark_output`,
+        for the checkpoint (a sink that names one implements it)."""
+        raise NotImplementedError(f"{type(self).__name__} names no spark_output")
+
+    def not_null_columns(self, columns: Sequence[str]) -> list[str]:
+        """Those of ``columns`` the target refuses a null in: the stage job
+        makes a row with a null there a dead letter. None by default."""
+        return []
 
     def checkpoint(self, attempt: Attempt, consumed: Iterable[ConsumedRange],
                    chunks: Iterable[StagedChunk]) -> Checkpoint:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 # kind -> "module:Class" of the targets that ship with the package.
 BUILTIN_KINDS = {
     "postgres": "airflow_eos.targets.postgres:PostgresTarget",
+    "files": "airflow_eos.targets.files:FileTarget",
 }
 ENTRY_POINT_GROUP = "airflow_eos.targets"
 

@@ -123,5 +123,18 @@ def load_read_ranges(url: str, attempt: Attempt, run: str) -> list[tuple[Consume
         return attempts.load_read_ranges(conn, attempt, run)
 
 
+def read_coverage(url: str, attempt: Attempt, run: str, plan: WindowPlan) -> list[tuple[ConsumedRange, float]]:
+    """The sub-ranges the run's read tasks reported (load_read_ranges), once
+    they cover the plan exactly: InvalidCheckpoint (no checkpoint) if the job
+    did not read its plan completely."""
+    reported = load_read_ranges(url, attempt, run)
+    merged = attempts.make_checkpoint([r for r, _ in reported], [])
+    problems = attempts.coverage_problems(plan.ranges, merged.ranges)
+    if problems:
+        raise InvalidCheckpoint(f"{attempt}: the job did not read its plan completely, no checkpoint written:\n  "
+                                + "\n  ".join(problems))
+    return reported
+
+
 __all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_ROWS_PER_CHUNK", "FORMAT_NAME", "REPORT_HOOK", "StageSettings",
-           "load_read_ranges", "report_options", "report_read"]
+           "load_read_ranges", "read_coverage", "report_options", "report_read"]

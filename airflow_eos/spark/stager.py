@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from pyspark.sql.datasource import WriterCommitMessage
 
-from airflow_eos.core.attempt import StagedChunk
+from airflow_eos.core.attempt import Attempt, StagedChunk
 from airflow_eos.core.errors import EosError, TargetError
 from airflow_eos.spark.kafka_ranges import read_records
 from airflow_eos.spark.stage_settings import StageSettings
@@ -196,7 +196,8 @@ class TaskStager:
         for d in dead[: max(0, DEAD_LETTER_SAMPLES - len(self.samples))]:
             self.samples.append((d["topic"], d["partition"], d["offset"], d["error"]))
         if self.dead_total > self.settings.max_bad_records:
-            raise TooManyBadRecords(too_many_message(self.settings, self.dead_total, self.samples, "this write task"))
+            raise TooManyBadRecords(too_many_message(self.settings.attempt, self.settings.max_bad_records, self.dead_total,
+                                                    self.samples, "this write task"))
 
     # ---------------------------------------------------------------- output
 
@@ -400,10 +401,11 @@ def _short_text(text: str, limit: int = 40) -> str:
     return '"' + (text if len(text) <= limit else text[: limit - 3] + "...") + '"'
 
 
-def too_many_message(settings: StageSettings, count: int, samples: Sequence[tuple], where: str) -> str:
+def too_many_message(attempt: Attempt, max_bad_records: int, count: int, samples: Sequence[tuple],
+                     where: str) -> str:
     first = "; ".join(f"{t}[{p}] offset {o}: {e}" for t, p, o, e in sorted(samples)[:DEAD_LETTER_SAMPLES])
-    return (f"{settings.attempt}: {where} dead-lettered {count} records, more than max_bad_records="
-            f"{settings.max_bad_records}; no checkpoint is written and the attempt is aborted. First: {first}")
+    return (f"{attempt}: {where} dead-lettered {count} records, more than max_bad_records="
+            f"{max_bad_records}; no checkpoint is written and the attempt is aborted. First: {first}")
 
 
 

@@ -44,8 +44,9 @@ def test_the_provider_entry_point_imports_no_client_library():
 def test_the_public_names_are_still_there_and_the_specs_are_cheap():
     """``from airflow_eos import ...`` (what a DAG file does) loads the specs,
     not the clients that run a window."""
-    code = ("from airflow_eos import KafkaSource, PostgresTarget\n"
+    code = ("from airflow_eos import FileTarget, KafkaSource, PostgresTarget\n"
             "PostgresTarget(table='analytics.orders', postgres_conn_id='pg').target_id\n"
+            "FileTarget(path='/data/lake/orders', postgres_conn_id='pg').target_id\n"
             "KafkaSource(topics=['orders'])")
     assert loaded_heavy_packages(code) == []
 

@@ -58,7 +58,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -289,6 +289,19 @@ class PostgresTarget(TargetSpec, Sink):
         if columns is None:
             raise TargetError(f"staging of {attempt} does not exist: the attempt was aborted or committed")
         return StagingWriter(self.url, attempt.staging, columns, self.table)
+
+    def not_null_columns(self, columns: Sequence[str]) -> list[str]:
+        """Those of ``columns`` that are NOT NULL in the target table (the stage
+        job dead-letters a row with a null there rather than fail its COPY)."""
+        from psycopg import sql
+        schema, table = parse_table_name(self.table)
+        ident = sql.Identifier(table) if schema is None else sql.Identifier(schema, table)
+        with connect(self._url(), f"describe {self.table}") as conn:
+            rows = conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
+                " AND NOT attisdropped AND attnotnull", (ident.as_string(conn),),
+            ).fetchall()
+        return [c for (c,) in rows if c in columns]
 
     def seal(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint) -> None:
         """partition_per_window, in the checkpoint's transaction: the staging is

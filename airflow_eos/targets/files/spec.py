@@ -1,0 +1,190 @@
+"""FileTarget: the spec a DAG names (plain values, cheap to import).
+
+A DAG file builds ``FileTarget(path="/data/lake/orders", postgres_conn_id=...)``
+at parse time, so this module imports neither pyarrow nor psycopg: the sink
+(:mod:`airflow_eos.targets.files.sink`) is built from the bound spec at run
+time. Everything that can be refused without touching the file system or the
+ledger is refused here, at parse time: an object store, a relative path, a
+layout that would hide its windows from readers or let two windows collide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import unquote, urlsplit
+
+from airflow_eos.core.database import redact
+from airflow_eos.core.errors import ConfigurationError
+from airflow_eos.core.target import POSTGRES, ConnectionRef, TargetSpec
+from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, Layout
+
+if TYPE_CHECKING:
+    from airflow_eos.targets.files.sink import FileSink
+
+FORMATS = ("parquet",)
+ON_COMMITTED = ("skip", "replace")
+
+# Schemes whose stores have no atomic rename of a directory: a "rename" there is
+# a copy of every object and a delete, which readers can observe half done, and
+# a crash leaves half done. Refused, never faked.
+OBJECT_STORES = {
+    "s3": "Amazon S3", "s3a": "Amazon S3", "s3n": "Amazon S3", "gs": "Google Cloud Storage",
+    "gcs": "Google Cloud Storage", "abfs": "Azure Data Lake Storage", "abfss": "Azure Data Lake Storage",
+    "wasb": "Azure Blob Storage", "wasbs": "Azure Blob Storage", "adl": "Azure Data Lake Storage Gen1",
+    "oss": "Alibaba OSS", "cos": "Tencent COS", "cosn": "Tencent COS", "obs": "Huawei OBS",
+    "r2": "Cloudflare R2", "minio": "MinIO", "swift": "OpenStack Swift", "b2": "Backblaze B2",
+    "az": "Azure Blob Storage", "azure": "Azure Blob Storage", "http": "HTTP", "https": "HTTP",
+}
+# Hadoop file systems that do rename a directory atomically: supported by the
+# protocol, not by this version of the sink (it uses the local POSIX calls).
+ATOMIC_RENAME_NOT_YET = {"hdfs": "HDFS", "viewfs": "HDFS (viewfs)", "webhdfs": "WebHDFS"}
+
+def local_root(path: str) -> str:
+    """The absolute local directory that ``path`` names (a path or a file://
+    URL), or ConfigurationError saying why it cannot be a FileTarget's root."""
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigurationError("FileTarget needs path='/absolute/directory' (the root of the published windows)")
+    text = path.strip()
+    scheme = urlsplit(text).scheme.lower() if "://" in text else ""
+    if scheme in OBJECT_STORES:
+        raise ConfigurationError(
+            f"FileTarget cannot publish into {text} ({OBJECT_STORES[scheme]}): an object store has no atomic "
+            "rename, so a window would be published by copying objects one by one, and a reader or a crash would "
+            "see it half published. Use a table format with a transaction log for object stores (Delta Lake, "
+            "Apache Iceberg, Apache Hudi); FileTarget supports local POSIX directories (a path or file://)")
+    if scheme in ATOMIC_RENAME_NOT_YET:
+        raise ConfigurationError(
+            f"FileTarget does not support {ATOMIC_RENAME_NOT_YET[scheme]} ({text}) yet: it renames directories "
+            "with local POSIX calls. Give a local directory (a path or file://), e.g. an HDFS NFS or FUSE mount "
+            "whose rename is atomic")
+    if scheme and scheme != "file":
+        raise ConfigurationError(f"FileTarget does not know the scheme {scheme!r} of {text}: give a local "
+                                 "directory, as an absolute path or a file:// URL")
+    if scheme == "file":
+        parts = urlsplit(text)
+        if parts.netloc not in ("", "localhost"):
+            raise ConfigurationError(f"{text} names the host {parts.netloc!r}: a file:// URL of a FileTarget "
+                                     "must be local (file:///absolute/path)")
+        if parts.query or parts.fragment:
+            raise ConfigurationError(f"{text}: a FileTarget's file:// URL takes no query or fragment")
+        text = unquote(parts.path)
+    if not os.path.isabs(text):
+        raise ConfigurationError(
+            f"FileTarget path {text!r} is relative: give an absolute path, which means the same directory to the "
+            "scheduler, the workers and the Spark executors")
+    root = os.path.normpath(text)
+    if root == "/":
+        raise ConfigurationError("FileTarget path '/' is the file system's root: give a directory of its own")
+    return root
+
+
+_CONN_ID = re.compile(r"^[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class FileTarget(TargetSpec):
+    """A directory of Parquet files, one partition directory per window, as a
+    two-phase-commit target (see :mod:`airflow_eos.targets.files.sink`).
+
+    - ``path``: the root directory, local (an absolute path or ``file:///...``).
+      It must exist and be writable by the tasks and the Spark executors.
+      Object stores (``s3://``, ``gs://``, ``abfs://``, ...) are refused: they
+      have no atomic rename (use a table format there).
+    - ``format``: ``parquet``.
+    - ``postgres_conn_id``: the PostgreSQL database that holds the ledger
+      (schema ``eos``); a file system has no transactions of its own.
+    - ``ledger_url``: that database's URL, outside Airflow (tests, scripts); a
+      DAG names the connection instead.
+    - ``on_committed``: committing a window that is committed already:
+      ``skip`` (nothing; reported) or ``replace`` (the window's partition
+      directory is swapped for the new one in one atomic rename).
+    - ``layout``: the window's partition directory under the root (see Layout).
+    """
+
+    path: str = ""
+    format: str = "parquet"
+    postgres_conn_id: str = "postgres_default"
+    ledger_url: str | None = None
+    on_committed: str = "skip"
+    layout: str = DEFAULT_LAYOUT
+
+    kind: ClassVar[str] = "files"
+
+    def __post_init__(self) -> None:
+        local_root(self.path)
+        if self.format not in FORMATS:
+            raise ConfigurationError(f"FileTarget format must be one of {FORMATS}, not {self.format!r}")
+        if self.on_committed not in ON_COMMITTED:
+            raise ConfigurationError(f"on_committed must be one of {ON_COMMITTED}, not {self.on_committed!r}")
+        Layout(self.layout)
+        if not isinstance(self.postgres_conn_id, str) or not _CONN_ID.match(self.postgres_conn_id):
+            raise ConfigurationError(f"postgres_conn_id must name an Airflow connection, not {self.postgres_conn_id!r}")
+
+    def __repr__(self) -> str:
+        where = redact(self.ledger_url) if self.ledger_url else f"connection {self.postgres_conn_id!r}"
+        return (f"FileTarget({self.root!r}, format={self.format!r}, layout={self.layout!r}, "
+                f"on_committed={self.on_committed!r}, ledger in {where})")
+
+    @property
+    def root(self) -> str:
+        return local_root(self.path)
+
+    # ------------------------------------------------------------------ the spec (core/target.py)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "format": self.format,
+                "postgres_conn_id": self.postgres_conn_id, "ledger_url": self.ledger_url,
+                "on_committed": self.on_committed, "layout": self.layout}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> "FileTarget":
+        return cls(**dict(fields))
+
+    def connections(self) -> tuple[ConnectionRef, ...]:
+        return () if self.ledger_url else (ConnectionRef("ledger", POSTGRES, self.postgres_conn_id),)
+
+    def bind(self, values: Mapping[str, Any]) -> "FileTarget":
+        return self if self.ledger_url else dataclasses.replace(self, ledger_url=values["ledger"])
+
+    def sink(self) -> "FileSink":
+        if not self.ledger_url:
+            raise ConfigurationError(f"{self!r} is not bound: resolve postgres_conn_id (bind) before building its "
+                                     "sink")
+        from airflow_eos.targets.files.sink import FileSink
+        return FileSink(root=self.root, ledger_url=self.ledger_url, layout=self.layout,
+                        on_committed=self.on_committed, format=self.format)
+
+    @property
+    def ledger_conn_id(self) -> str:
+        return self.postgres_conn_id
+
+    @property
+    def target_id(self) -> str:
+        """``files:/absolute/root``: two specs naming one directory (a path and
+        its file:// URL, a trailing slash) are one target."""
+        return "files:" + self.root
+
+    @property
+    def exclusive(self) -> bool:
+        """The root takes one pipeline's windows unless the layout tells
+        pipelines apart: two pipelines' windows would otherwise share
+        partition directories."""
+        return "{pipeline}" not in self.layout
+
+    @property
+    def asset_uri(self) -> str:
+        return "file://" + self.root
+
+    @property
+    def label(self) -> str:
+        return self.root
+
+    def check_for_dag(self) -> None:
+        if self.ledger_url:
+            raise ConfigurationError("in a DAG, name the ledger's database with postgres_conn_id, not ledger_url: "
+                                     "a URL would put its password into the DAG and the task logs")
