@@ -404,6 +404,10 @@ class FileSink(Sink):
         decided = self.decide(attempt)
         if isinstance(decided, CommitResult):  # skipped
             self._remove_staging(attempt)
+            # The attempt that committed the window may be decided and not yet
+            # published (its commit died after the decision): a clear's commit
+            # is a later commit of the pipeline, and finishes it.
+            self.finish_pending()
             return decided
         replaced_rows, replacing, committed_before = decided
         how = self.publish(attempt)
@@ -689,6 +693,25 @@ class FileSink(Sink):
         if not fs.remove_tree(staging):
             log.warning("%s: could not delete all of %s (a writer still adding files?); the sweep deletes it",
                         attempt, staging)
+
+    def abort_window(self, window: Window, reason: str) -> list[Attempt]:
+        """Abort every live attempt of the window (the teardown), and delete
+        what is left of the staging of its attempts aborted before: an abort
+        that died between marking its attempt aborted and deleting the
+        directory (or a skipped commit that died there) is finished by the
+        teardown's retry, not only by the sweep."""
+        aborted = super().abort_window(window, reason)
+        with self.ledger.connect() as conn, conn.transaction():
+            ended = conn.execute(
+                "SELECT pipeline, window_start, %s::timestamptz, epoch, staging_table FROM eos.attempts"
+                " WHERE pipeline = %s AND window_start = %s AND state = %s",
+                (window.end, window.pipeline, window.start, ABORTED)).fetchall()
+        for row in ended:
+            attempt = Attempt(*row)
+            if os.path.lexists(self.staging_dir(attempt)):
+                log.info("%s was aborted before; deleting what is left of its staging", attempt)
+                self._remove_staging(attempt)
+        return aborted
 
     def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
         """Abort attempts live longer than ``older_than``, finish decided
