@@ -410,6 +410,7 @@ class FileSink(Sink):
             self.finish_pending()
             return decided
         replaced_rows, replacing, committed_before = decided
+        fault_point("commit.after_decision")
         how = self.publish(attempt)
         with self.ledger.connect() as conn, conn.transaction():
             status = attempts.load_status(conn, attempt)
@@ -578,6 +579,7 @@ class FileSink(Sink):
                 self.read_partition(destination, attempt)
                 raise TargetError(f"{destination} appeared while publishing {attempt}; retry the commit") from None
             fs.fsync_dir(os.path.dirname(destination))
+            fault_point("commit.after_rename")
             log.info("%s: published %s", attempt, destination)
             return RENAMED
         try:
@@ -589,6 +591,7 @@ class FileSink(Sink):
                 "renames would leave readers a moment without the window, so nothing was changed") from exc
         fs.fsync_dir(os.path.dirname(destination))
         fs.fsync_dir(os.path.dirname(source))
+        fault_point("commit.after_rename")
         # The old version now sits where the staging was: out of the way, then deleted.
         os.makedirs(self.trash_root, exist_ok=True)
         old = os.path.join(self.trash_root, attempt.staging)
