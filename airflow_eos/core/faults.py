@@ -34,6 +34,9 @@ POINTS = frozenset({
     "commit.before_publish",  # commit transaction open, window locked, nothing published
     "commit.after_publish",  # rows published inside the open transaction, not committed
     "commit.after_commit",  # transaction committed; offsets not mirrored, Asset event not emitted
+    # A target without transactions (the file target) commits in two phases:
+    "commit.after_decision",  # the ledger decided (window committed), nothing moved into place yet
+    "commit.after_rename",  # the files renamed into place, the ledger not yet told they are published
     "abort.inside",  # abort marked the attempt aborted, staging not dropped yet
 })
 

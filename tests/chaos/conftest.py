@@ -14,6 +14,7 @@ import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -126,22 +127,34 @@ def chaos_db(pg_server):
 
 
 def new_pipeline(url: str, source: dict, name: str, *, on_committed: str = "skip", mirror: bool = False,
-                 mode: str = "replace_window", **kwargs) -> chaos.Pipeline:
-    """A Pipeline with its own target table (for the target's ``mode``) in the
-    database at ``url``."""
+                 mode: str = "replace_window", target: str = "postgres", root: Path | None = None,
+                 **kwargs) -> chaos.Pipeline:
+    """A Pipeline with a target of its own, its ledger in the database at
+    ``url``: ``target="postgres"``, a table there (for ``mode``);
+    ``target="files"``, a new directory ``root`` (under the test's tmp dir)."""
     name = chaos.slug(name)[:40] + "_" + uuid.uuid4().hex[:6]
-    table = f"chaos.{name}"
-    chaos.create_target_table(url, table, mode)
+    table = ""
+    if target == "files":
+        if root is None:
+            raise ValueError("a file target's pipeline needs root=<a directory under the test's tmp dir>")
+        root = root / name
+        root.mkdir(parents=True)
+    else:
+        table = f"chaos.{name}"
+        chaos.create_target_table(url, table, mode)
     return chaos.Pipeline(
         name=name, url=url, table=table, kafka_config=source["kafka_config"], topics=(source["topic"],),
-        on_committed=on_committed, mode=mode, mirror_group=f"eos-mirror-{name}" if mirror else None, **kwargs)
+        on_committed=on_committed, mode=mode, mirror_group=f"eos-mirror-{name}" if mirror else None,
+        target_kind=target, root=str(root) if target == "files" else None, **kwargs)
 
 
 @pytest.fixture
-def make_pipeline(chaos_db, chaos_source):
-    """make_pipeline(name, on_committed=..., mirror=...) -> a Pipeline with its
-    own target table in the suite's database."""
-    return lambda name, **kwargs: new_pipeline(chaos_db, chaos_source, name, **kwargs)
+def make_pipeline(chaos_db, chaos_source, tmp_path):
+    """make_pipeline(name, on_committed=..., mirror=..., target=...) -> a
+    Pipeline with its own target table in the suite's database (or, with
+    target="files", its own root under the test's tmp dir)."""
+    return lambda name, **kwargs: new_pipeline(chaos_db, chaos_source, name,
+                                               **{"root": tmp_path / "lake", **kwargs})
 
 
 @contextlib.contextmanager

@@ -1,5 +1,8 @@
-"""Every fault point x {raise, crash} x every recovery action, each ending with
-verify clean against Kafka: 8 x 2 x 4 = 64 cells.
+"""Every fault point x {raise, crash} x every recovery action, for every target
+(the points its code reaches: harness.chaos.TARGET_POINTS), each ending with
+verify clean against Kafka: PostgreSQL 8 x 2 x 4 = 64 cells, the file target
+9 x 2 x 4 = 72 (its commit is a two-phase commit: ``commit.after_decision``
+and ``commit.after_rename`` instead of ``commit.after_publish``).
 
 Each cell runs two neighbouring windows of a fresh pipeline; the first carries
 the fault, firing once (``point=action*1``), so that the recovery meets exactly
@@ -31,8 +34,7 @@ import random
 import pytest
 from conftest import PARALLEL, new_pipeline, run_concurrently, selected_params
 
-from airflow_eos.core.faults import POINTS
-from harness.chaos import ACTIONS, POINT_STEPS, RECOVERIES, Harness, check
+from harness.chaos import ACTIONS, POINT_STEPS, RECOVERIES, TARGET_POINTS, TARGETS, Harness, check
 
 WINDOWS = (0, 1)
 FAULTY = 0
@@ -42,8 +44,9 @@ def first_failure(outcome, step):
     return next((r for s, r in outcome.tries if s == step and r != "ok"), None)
 
 
-def run_cell(point: str, action: str, recovery: str, url: str, source: dict, state_dir):
-    p = new_pipeline(url, source, f"m_{point}_{action}_{recovery}", mirror=point.startswith("commit."))
+def run_cell(target: str, point: str, action: str, recovery: str, url: str, source: dict, state_dir):
+    p = new_pipeline(url, source, f"m_{target}_{point}_{action}_{recovery}", mirror=point.startswith("commit."),
+                     target=target, root=state_dir / "lake")
     retries = 1 if recovery == "retry" else 0
     spec = f"{point}={action}*1"
     teardown_fault = point == "abort.inside"
@@ -87,16 +90,16 @@ def run_cell(point: str, action: str, recovery: str, url: str, source: dict, sta
 def matrix(request, chaos_db, chaos_source, tmp_path_factory):
     cells = {}
     for params in selected_params(request, "test_fault_then_recovery_is_exactly_once"):
-        key = (params["point"], params["action"], params["recovery"])
+        key = (params["target"], params["point"], params["action"], params["recovery"])
         cells[key] = (*key, chaos_db, chaos_source, tmp_path_factory.mktemp("cell"))
     return run_concurrently(cells, run_cell, PARALLEL)
 
 
 @pytest.mark.parametrize("recovery", RECOVERIES)
 @pytest.mark.parametrize("action", ACTIONS)
-@pytest.mark.parametrize("point", sorted(POINTS))
-def test_fault_then_recovery_is_exactly_once(point, action, recovery, matrix, tally):
-    result = matrix[point, action, recovery]
+@pytest.mark.parametrize(("target", "point"), [(t, point) for t in TARGETS for point in sorted(TARGET_POINTS[t])])
+def test_fault_then_recovery_is_exactly_once(target, point, action, recovery, matrix, tally):
+    result = matrix[target, point, action, recovery]
     if isinstance(result, BaseException):
         raise result
     tally.add(result)

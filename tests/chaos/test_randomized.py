@@ -10,7 +10,12 @@ windows (skip or replace), and the failed windows cleared round after round in
 random order until all are committed. It ends with verify clean against Kafka
 and the totals (see chaos.check).
 
-    EOS_CHAOS_N     schedules to run (CI: 10; `make chaos N=200` runs more)
+Every seed runs on every target (harness.chaos.TARGETS): PostgreSQL (its
+publishing mode drawn from the seed) and the file target (faults drawn from the
+points its code reaches). A seed's PostgreSQL schedule is the one it drew
+before the file target existed.
+
+    EOS_CHAOS_N     schedules to run per target (CI: 10; `make chaos N=200` runs more)
     EOS_CHAOS_SEED  the first seed (default: random); schedule k uses seed + k
 
 A failing schedule names its seed and the command that runs it again.
@@ -24,30 +29,33 @@ import random
 import pytest
 from conftest import PARALLEL, TALLY, new_pipeline, run_concurrently, scratch_database, selected_params
 
-from harness.chaos import Schedule, run_schedule
+from harness.chaos import TARGETS, Schedule, run_schedule
 
 N = int(os.environ.get("EOS_CHAOS_N") or 10)
 BASE = int(os.environ.get("EOS_CHAOS_SEED") or random.SystemRandom().randrange(1, 10**6))
 SEEDS = [BASE + k for k in range(N)]
-TALLY.seeds = f" (seeds {BASE}..{BASE + N - 1})" if N > 1 else f" (seed {BASE})"
+TALLY.seeds = (f" (seeds {BASE}..{BASE + N - 1}" if N > 1 else f" (seed {BASE}") + f" on each of {', '.join(TARGETS)})"
 
 
 @pytest.fixture(scope="module")
 def schedules(request, pg_server, chaos_source, tmp_path_factory):
-    def one(seed):
-        s = Schedule.draw(seed)
+    def one(target, seed):
+        s = Schedule.draw(seed, target=target)
         with scratch_database(pg_server.address) as url:
-            p = new_pipeline(url, chaos_source, f"r{seed}", on_committed=s.on_committed, mode=s.target_mode,
-                             mirror=s.mirror, max_records_per_task=s.max_records_per_task)
+            p = new_pipeline(url, chaos_source, f"r{seed}_{target}", on_committed=s.on_committed, mode=s.target_mode,
+                             mirror=s.mirror, max_records_per_task=s.max_records_per_task, target=target,
+                             root=tmp_path_factory.mktemp(f"lake{seed}"))
             return run_schedule(s, p, tmp_path_factory.mktemp(f"seed{seed}"))
 
-    seeds = [params["seed"] for params in selected_params(request, "test_randomized_schedule_is_exactly_once")]
-    return run_concurrently({seed: (seed,) for seed in seeds}, one, PARALLEL)
+    cases = [(params["target"], params["seed"])
+             for params in selected_params(request, "test_randomized_schedule_is_exactly_once")]
+    return run_concurrently({case: case for case in cases}, one, PARALLEL)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_randomized_schedule_is_exactly_once(seed, schedules, tally):
-    result = schedules[seed]
+@pytest.mark.parametrize("target", TARGETS)
+def test_randomized_schedule_is_exactly_once(target, seed, schedules, tally):
+    result = schedules[target, seed]
     if isinstance(result, BaseException):
         raise result
     tally.add(result, schedule=True)

@@ -56,6 +56,7 @@ import re
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -76,8 +77,12 @@ from airflow_eos.core.faults import POINTS
 from airflow_eos.core.faults import STATE_ENV as FAULTS_STATE_ENV
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest
-from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW, STAGING_SCHEMA, PostgresTarget
+from airflow_eos.core.sink import Sink
 from airflow_eos.core.source import KafkaLog
+from airflow_eos.core.target import TargetSpec
+from airflow_eos.targets.files import FileTarget
+from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR, TRASH_DIR
+from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW, STAGING_SCHEMA, PostgresTarget
 from airflow_eos.verify import VerifyReport, verify
 from airflow_eos.core.windows import TopicPartition, Window, WindowPlan, to_millis
 
@@ -94,9 +99,20 @@ POINT_STEPS: dict[str, tuple[str, ...]] = {
     "commit.before_publish": ("commit",),
     "commit.after_publish": ("commit",),
     "commit.after_commit": ("commit",),
+    "commit.after_decision": ("commit",),
+    "commit.after_rename": ("commit",),
     "abort.inside": ("stage", "abort"),  # the stage job's own abort after a failure, and the teardown
 }
 assert set(POINT_STEPS) == POINTS, "a fault point was added: say where it fires"
+# The targets the driver builds, and the fault points each one's code reaches
+# (the points of a two-phase commit without transactions are the file
+# target's; a commit inside one transaction is PostgreSQL's).
+TARGETS = ("postgres", "files")
+TARGET_POINTS: dict[str, frozenset[str]] = {
+    "postgres": POINTS - {"commit.after_decision", "commit.after_rename"},
+    "files": POINTS - {"commit.after_publish"},
+}
+assert set().union(*TARGET_POINTS.values()) == POINTS, "a fault point was added: say which targets reach it"
 ACTIONS = ("raise", "crash")
 RECOVERIES = ("retry", "clear", "rerun_later", "backfill")
 T0 = datetime(2025, 1, 6, tzinfo=timezone.utc)
@@ -236,7 +252,12 @@ def spark_transform(df):
 
 @dataclass(frozen=True)
 class Pipeline:
-    """Everything a step needs; plain data, so a child process gets it pickled."""
+    """Everything a step needs; plain data, so a child process gets it pickled.
+
+    The target is a PostgreSQL table (``target_kind="postgres"``: ``table`` in
+    the ledger's database, in ``mode``) or a directory of Parquet partitions
+    (``"files"``: ``root``, with the ledger at ``url``). The steps, the stage
+    job's stand-in and the checks see only its Sink (:attr:`target`)."""
 
     name: str
     url: str
@@ -244,14 +265,24 @@ class Pipeline:
     kafka_config: Mapping[str, Any]
     topics: tuple[str, ...]
     on_committed: str = "skip"
-    mode: str = "replace_window"  # the target's
+    mode: str = "replace_window"  # the PostgreSQL target's
     mirror_group: str | None = None
     max_records_per_task: int = 40  # lower it for several read/write tasks (chunks) per partition
-    batch_rows: int = 8  # stage.mid_write fires after a batch's COPY, before its task's transaction commits
+    batch_rows: int = 8  # stage.mid_write fires after a batch is written, before its task's chunk is committed
+    target_kind: str = "postgres"  # one of TARGETS
+    root: str | None = None  # the file target's root directory
 
     @property
-    def target(self) -> PostgresTarget:
+    def spec(self) -> TargetSpec:
+        """The bound target spec, as a DAG's target after its hook resolved the connections."""
+        if self.target_kind == "files":
+            return FileTarget(path=self.root or "", ledger_url=self.url, on_committed=self.on_committed)
         return PostgresTarget(self.url, self.table, mode=self.mode, on_committed=self.on_committed)
+
+    @property
+    def target(self) -> Sink:
+        """The target's runtime Sink (what the steps are given)."""
+        return self.spec.sink()
 
     @property
     def ledger(self) -> Ledger:
@@ -669,17 +700,22 @@ class Schedule:
     # A sweeper with a timeout of 0 running during the first runs: far too short
     # (it aborts live runs' attempts), so runs fail, but nothing may publish twice.
     sweep_during: bool = False
-    target_mode: str = "replace_window"  # how the target publishes (replace_window or partition_per_window)
+    target_mode: str = "replace_window"  # how the PostgreSQL target publishes (replace_window or partition_per_window)
+    target: str = "postgres"  # one of TARGETS: chosen by the caller, not drawn (a seed replays on its target)
 
     @classmethod
-    def draw(cls, seed: int, *, max_windows: int = 5) -> "Schedule":
+    def draw(cls, seed: int, *, max_windows: int = 5, target: str = "postgres") -> "Schedule":
+        """The schedule of ``seed`` on ``target``: faults at the points the
+        target's code reaches (for PostgreSQL the same draws as before the file
+        target's points existed)."""
         rng = random.Random(seed)
+        points = sorted(TARGET_POINTS[target])
         n = rng.randint(2, max_windows)
         faults = {}
         for i in range(n):
             items = {}
             for _ in range(rng.choice((0, 1, 1, 2, 3))):
-                point = rng.choice(sorted(POINTS))
+                point = rng.choice(points)
                 items[point] = f"{point}={rng.choice(ACTIONS)}*{rng.choice((1, 1, 2, 3))}"
             if items:
                 faults[i] = ",".join(items.values())
@@ -697,11 +733,13 @@ class Schedule:
             sweep_between=rng.random() < 0.5,
             sweep_during=rng.random() < 0.25,
             target_mode=rng.choice(("replace_window", PARTITION_PER_WINDOW)),  # drawn last: older seeds replay
+            target=target,
         )
 
     def __str__(self) -> str:
         faults = "; ".join(f"w{i}: {spec}" for i, spec in sorted(self.faults.items())) or "none"
-        return (f"schedule seed={self.seed}: {self.windows} windows, target mode={self.target_mode}, "
+        target = f"target mode={self.target_mode}" if self.target == "postgres" else f"target={self.target}"
+        return (f"schedule seed={self.seed}: {self.windows} windows, {target}, "
                 f"on_committed={self.on_committed}, "
                 f"retries={self.retries}, parallel={self.parallel}, mirror={self.mirror}, "
                 f"max_records_per_task={self.max_records_per_task}, first runs {list(self.order)}, "
@@ -758,11 +796,11 @@ def run_schedule(s: Schedule, p: Pipeline, state_root: Path) -> "Verdict":
         # Zombies nobody aborted are the sweeper's job.
         return check(h, range(s.windows), sweep_first=True)
     except BaseException as exc:
+        reproduce = (f"reproduce: EOS_CHAOS_SEED={s.seed} EOS_CHAOS_N=1 pytest tests/chaos/test_randomized.py "
+                     f"-k '{s.target}-'")
         if isinstance(exc, AssertionError) and "what happened" in str(exc):
-            raise AssertionError(f"{s}\nreproduce: EOS_CHAOS_SEED={s.seed} EOS_CHAOS_N=1 "
-                                 f"pytest tests/chaos/test_randomized.py\n{exc}") from None
-        raise AssertionError(f"{s}\nreproduce: EOS_CHAOS_SEED={s.seed} EOS_CHAOS_N=1 "
-                             f"pytest tests/chaos/test_randomized.py\n{type(exc).__name__}: {exc}\n"
+            raise AssertionError(f"{s}\n{reproduce}\n{exc}") from None
+        raise AssertionError(f"{s}\n{reproduce}\n{type(exc).__name__}: {exc}\n"
                              f"what happened:\n{h.history()}") from exc
 
 
@@ -790,7 +828,12 @@ def check(h: Harness, windows: Sequence[int], *, sweep_first: bool = False) -> V
       counts, checkpoints and eos.partition_offsets as the ledger says;
     - published rows + dead letters == the records Kafka holds in the windows;
     - no attempt left live and no staging left behind (after the sweep, if
-      ``sweep_first``: zombies are the sweeper's job);
+      ``sweep_first``: zombies are the sweeper's job), as the target keeps it
+      (:data:`LEFTOVERS`);
+    - what a reader of the target sees, read directly where the target is not
+      a table of the ledger's database (:data:`READERS`: the file target's
+      Parquet, read with PyArrow), is the Kafka records of the committed
+      windows by lineage, once each, and nothing else;
     - every window emitted its Asset event; the mirrored consumer group (if
       any) holds the ledger's offsets.
     """
@@ -803,10 +846,8 @@ def check(h: Harness, windows: Sequence[int], *, sweep_first: bool = False) -> V
                                    (p.name,)).fetchall())
         live = conn.execute("SELECT window_start, epoch, state FROM eos.attempts WHERE pipeline = %s"
                             " AND state IN ('open', 'checkpointed', 'prepared')", (p.name,)).fetchall()
-        stagings = [r[0] for r in conn.execute("SELECT staging_table FROM eos.attempts WHERE pipeline = %s",
-                                               (p.name,))]
-        left = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename = ANY(%s)",
-                            (STAGING_SCHEMA, stagings)).fetchall()
+        left = LEFTOVERS[p.spec.kind](p, conn)
+        read_problems = READERS[p.spec.kind](p, conn, windows) if p.spec.kind in READERS else []
         n_attempts = conn.execute("SELECT count(*) FROM eos.attempts WHERE pipeline = %s", (p.name,)).fetchone()[0]
         ledger_offsets = attempts.load_offsets(conn, p.name)
     for i in windows:
@@ -818,7 +859,8 @@ def check(h: Harness, windows: Sequence[int], *, sweep_first: bool = False) -> V
     if live:
         problems.append(f"live attempts left: {live}")
     if left:
-        problems.append(f"staging left behind: {[r[0] for r in left]}")
+        problems.append(f"staging left behind: {left}")
+    problems += read_problems
     report = verify(p.ledger, dict(p.kafka_config), p.target, p.name)
     if not report.clean:
         problems.append(str(report))
@@ -840,12 +882,180 @@ def check(h: Harness, windows: Sequence[int], *, sweep_first: bool = False) -> V
     return Verdict(report, len(windows), n_attempts, h.runs)
 
 
+# --------------------------------------------------------------------------- per target: leftovers, readers
+
+
+def _postgres_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
+    """Staging tables of the pipeline's attempts still in the staging schema."""
+    stagings = [r[0] for r in conn.execute("SELECT staging_table FROM eos.attempts WHERE pipeline = %s", (p.name,))]
+    return [f"{STAGING_SCHEMA}.{r[0]}" for r in conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename = ANY(%s)", (STAGING_SCHEMA, stagings))]
+
+
+def _file_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
+    """Anything in the root's staging and trash (the root is the pipeline's
+    alone), a temporary file anywhere, and a publication decided but never
+    finished."""
+    root = Path(p.root or "")
+    left = []
+    for hidden in (STAGING_DIR, TRASH_DIR):
+        if (root / hidden).is_dir():
+            left += [f"{hidden}/{name}" for name in sorted(os.listdir(root / hidden))]
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in (STAGING_DIR, TRASH_DIR)]
+        left += [os.path.relpath(os.path.join(directory, f), root) for f in files
+                 if f.startswith(".") or (f.startswith("_") and f != COMMIT_FILE)]
+    left += [f"publication of attempt {epoch} of window {ws.isoformat()} decided, never finished"
+             for ws, epoch in conn.execute("SELECT window_start, epoch FROM eos.publications WHERE pipeline = %s"
+                                           " AND state = 'decided'", (p.name,))]
+    return left
+
+
+# How each target keeps staging: what is left of the pipeline's attempts.
+LEFTOVERS: dict[str, Callable[[Pipeline, psycopg.Connection], list[str]]] = {
+    "postgres": _postgres_leftovers,
+    "files": _file_leftovers,
+}
+
+
+def kafka_records(kafka_config: Mapping[str, Any], topic: str, partition: int, start: int,
+                  end: int) -> dict[int, bytes]:
+    """offset -> value of the records in ``[start, end)``, read with a plain
+    consumer (not the stage job's reader: this is what the job is checked against)."""
+    return dict(_kafka_range(tuple(sorted((k, str(v)) for k, v in kafka_config.items())), topic, partition,
+                             start, end))
+
+
+_kafka_cache: dict[tuple, tuple[tuple[int, bytes], ...]] = {}
+_kafka_cache_lock = threading.Lock()
+
+
+def _kafka_range(config: tuple, topic: str, partition: int, start: int, end: int) -> tuple[tuple[int, bytes], ...]:
+    # The chaos topic never changes once produced: a range read once is the same range forever.
+    key = (config, topic, partition, start, end)
+    with _kafka_cache_lock:
+        if key in _kafka_cache:
+            return _kafka_cache[key]
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    out: list[tuple[int, bytes]] = []
+    if end > start:
+        consumer = Consumer({**dict(config), "group.id": "eos-chaos-check", "enable.auto.commit": False,
+                             "enable.partition.eof": True})
+        try:
+            consumer.assign([KafkaTopicPartition(topic, partition, start)])
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                msg = consumer.poll(1.0)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().code() == -191:  # _PARTITION_EOF
+                        break
+                    raise RuntimeError(f"reading {topic}/{partition}: {msg.error()}")
+                if msg.offset() >= end:
+                    break
+                out.append((msg.offset(), msg.value()))
+                if msg.offset() == end - 1:
+                    break
+            else:
+                raise RuntimeError(f"reading {topic}/{partition} [{start}, {end}) took more than 30 s")
+        finally:
+            consumer.close()
+    with _kafka_cache_lock:
+        _kafka_cache[key] = tuple(out)
+    return tuple(out)
+
+
+def _read_parquet_root(root: str):
+    """What a reader of the root sees: every visible Parquet file under it,
+    Hive-partitioned (PyArrow skips names starting with "_" or ".", as Spark does)."""
+    import pyarrow.parquet as pq
+
+    if not any(not name.startswith(("_", ".")) for name in os.listdir(root)):
+        return []
+    return pq.read_table(root, partitioning="hive").to_pylist()
+
+
+def _file_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
+    """The file target read back as a reader does (PyArrow over the root), by
+    lineage, against the Kafka records of the committed windows' frozen
+    ranges: each well-formed record once, in its window's partition, with the
+    transform's values; each malformed one a dead letter of the ledger, once;
+    nothing else. Every partition directory is the window's committed attempt."""
+    problems: list[str] = []
+    expected: dict[tuple[str, int, int], tuple[str, int]] = {}  # lineage -> (window start, n)
+    malformed: set[tuple[str, int, int]] = set()
+    committed = dict(conn.execute("SELECT window_start, committed_epoch FROM eos.windows WHERE pipeline = %s"
+                                  " AND state = 'committed'", (p.name,)).fetchall())
+    for i in windows:
+        window = p.window(i)
+        plan = p.ledger.load_plan(conn, window)
+        if plan is None or window.start not in committed:
+            continue  # reported as not committed
+        for r in plan.ranges:
+            for offset, value in kafka_records(p.kafka_config, r.topic, r.partition, r.start_offset,
+                                               r.end_offset).items():
+                try:
+                    n = int(json.loads(value)["n"])
+                except (ValueError, TypeError, KeyError):
+                    malformed.add((r.topic, r.partition, offset))
+                    continue
+                expected[r.topic, r.partition, offset] = (window.start.isoformat(), n)
+    rows = _read_parquet_root(p.root or "")
+    seen = Counter((r["eos_topic"], r["eos_partition"], r["eos_offset"]) for r in rows)
+    duplicates = sorted(k for k, c in seen.items() if c > 1)
+    missing = sorted(set(expected) - set(seen))
+    extra = sorted(set(seen) - set(expected))
+    if duplicates or missing or extra:
+        problems.append(f"the root read with PyArrow: {len(duplicates)} duplicate(s) {duplicates[:5]}, "
+                        f"{len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}")
+    wrong = []
+    for r in rows:
+        lineage = (r["eos_topic"], r["eos_partition"], r["eos_offset"])
+        if lineage in expected:
+            window_start, n = expected[lineage]
+            if (r["id"], _utc_text(r.get("eos_window_start"))) != (n, window_start):
+                wrong.append((lineage, r["id"], r.get("eos_window_start")))
+    if wrong:
+        problems.append(f"{len(wrong)} row(s) with another id or window than their record's: {wrong[:5]}")
+    dead = Counter(conn.execute('SELECT topic, partition, "offset" FROM eos.dead_letters WHERE pipeline = %s',
+                                (p.name,)).fetchall())
+    if set(dead) != malformed or any(c > 1 for c in dead.values()):
+        problems.append(f"dead letters in the ledger {sorted(dead.elements())[:10]} are not the malformed records "
+                        f"{sorted(malformed)[:10]}, once each")
+    sink = p.target
+    for directory, doc in sink.published_partitions(p.name):  # type: ignore[attr-defined]
+        start = datetime.fromisoformat(doc["window_start"])
+        if committed.get(start) != doc["epoch"]:
+            problems.append(f"{directory} holds attempt {doc['epoch']}, the ledger committed "
+                            f"{committed.get(start)}")
+    return problems
+
+
+def _utc_text(value: Any) -> str | None:
+    """A Hive partition value of a window start, as the ISO text of its instant."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(timezone.utc).isoformat()
+
+
+# How to read each target as its readers do, where the ledger's database is not
+# where they read it (a PostgreSQL target is read by verify itself).
+READERS: dict[str, Callable[[Pipeline, psycopg.Connection, Sequence[int]], list[str]]] = {
+    "files": _file_reader_problems,
+}
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
 __all__ = [
-    "ACTIONS", "POINT_STEPS", "RECOVERIES", "STEPS", "T0", "HOUR",
+    "ACTIONS", "LEFTOVERS", "POINT_STEPS", "READERS", "RECOVERIES", "STEPS", "T0", "TARGETS", "TARGET_POINTS", "HOUR",
     "Harness", "Pipeline", "RunOutcome", "Schedule", "SparkStager", "StepFailed", "Verdict", "Zombie",
     "abort_step", "await_step", "check", "commit_step", "create_target_table", "create_topic",
     "faults_for", "plan_step", "produce", "record_value", "run_schedule", "run_step", "source_records",

@@ -22,7 +22,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_eos.core.attempt import ConsumedRange, load_offsets
+from airflow_eos.core.attempt import ConsumedRange, load_offsets, mark_aborted
 from airflow_eos.core.errors import AttemptClosed, AttemptFenced, ConfigurationError, NotPrepared, TargetError
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED
 from airflow_eos.core.target import target_from_dict
@@ -303,6 +303,21 @@ def test_a_later_commit_or_the_sweep_finishes_a_decided_window(pg_url, root, sin
     assert seen_lineage(root) == sorted(lineage(w0) + lineage(w1) + lineage(w2))
 
 
+def test_a_clear_whose_commit_is_skipped_finishes_the_decided_window(pg_url, root, sink, freeze_windows):
+    """Regression (found by the fault suite): the commit task died after the
+    decision, and the run was cleared instead of retried. The clear's attempt
+    is skipped (on_committed='skip'); its commit is a later commit of the
+    pipeline and must finish the committed attempt's publication."""
+    [plan] = freeze_windows(PIPELINE, [0])
+    first = stage(sink, plan)
+    sink.decide(first)  # the commit task dies here
+    assert visible_entries(root) == []
+    cleared = stage(sink, plan)  # the clear: a new attempt of the committed window
+    assert sink.commit(cleared).outcome == SKIPPED
+    assert publication(pg_url, first)[0] == "published" and seen_lineage(root) == lineage(plan)
+    assert staging_dirs(root) == []
+
+
 def test_neither_the_partition_nor_the_staging_complete_is_a_loud_error(pg_url, root, sink, freeze_windows):
     [plan] = freeze_windows(PIPELINE, [0])
     attempt = stage(sink, plan)
@@ -542,6 +557,20 @@ def test_abort_deletes_staging_and_leaves_the_window_rerunnable(pg_url, root, si
     assert sink.commit(rerun).outcome == PUBLISHED
     assert sink.abort(rerun, "late abort") is False  # a committed attempt stays committed
     assert seen_lineage(root) == lineage(plan)
+
+
+def test_the_teardowns_retry_finishes_an_abort_that_died_before_deleting_the_staging(pg_url, root, sink,
+                                                                                     freeze_windows):
+    """Regression (found by the fault suite, abort.inside=crash): the abort
+    marked its attempt aborted, then its process died; the teardown's retry
+    finds no live attempt, and must still delete the staging."""
+    [plan] = freeze_windows(PIPELINE, [0])
+    attempt = stage(sink, plan, prepare=False)
+    with sink.ledger.connect() as conn, conn.transaction():
+        assert mark_aborted(conn, attempt, "the teardown, then its process died")
+    assert staging_dirs(root) == [attempt.staging]
+    assert sink.abort_window(plan.window, "the teardown's retry") == []  # nothing live to abort ...
+    assert staging_dirs(root) == []  # ... and the staging is gone all the same
 
 
 def test_sweep_aborts_stale_attempts_and_deletes_orphaned_staging(pg_url, root, sink, freeze_windows):

@@ -50,3 +50,20 @@ def test_crash_ends_the_process_without_cleanup():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 137
     assert "finally ran" not in res.stdout
+
+
+def test_every_point_is_placed_in_the_code_and_every_placed_point_is_known():
+    """A point in POINTS that no code reaches would make its chaos cells fail
+    for the wrong reason; a call naming an unknown point would raise only when
+    faults are set."""
+    import re
+    from pathlib import Path
+
+    import airflow_eos
+    from airflow_eos.core.faults import POINTS
+
+    placed = set()
+    for path in Path(airflow_eos.__file__).parent.rglob("*.py"):
+        placed |= set(re.findall(r'fault_point\("([a-z_.]+)"\)', path.read_text()))
+    assert placed - POINTS == set(), f"fault_point calls naming unknown points: {placed - POINTS}"
+    assert POINTS - placed == set(), f"points no code reaches: {POINTS - placed}"

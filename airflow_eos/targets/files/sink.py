@@ -404,8 +404,13 @@ class FileSink(Sink):
         decided = self.decide(attempt)
         if isinstance(decided, CommitResult):  # skipped
             self._remove_staging(attempt)
+            # The attempt that committed the window may be decided and not yet
+            # published (its commit died after the decision): a clear's commit
+            # is a later commit of the pipeline, and finishes it.
+            self.finish_pending()
             return decided
         replaced_rows, replacing, committed_before = decided
+        fault_point("commit.after_decision")
         how = self.publish(attempt)
         with self.ledger.connect() as conn, conn.transaction():
             status = attempts.load_status(conn, attempt)
@@ -574,6 +579,7 @@ class FileSink(Sink):
                 self.read_partition(destination, attempt)
                 raise TargetError(f"{destination} appeared while publishing {attempt}; retry the commit") from None
             fs.fsync_dir(os.path.dirname(destination))
+            fault_point("commit.after_rename")
             log.info("%s: published %s", attempt, destination)
             return RENAMED
         try:
@@ -585,6 +591,7 @@ class FileSink(Sink):
                 "renames would leave readers a moment without the window, so nothing was changed") from exc
         fs.fsync_dir(os.path.dirname(destination))
         fs.fsync_dir(os.path.dirname(source))
+        fault_point("commit.after_rename")
         # The old version now sits where the staging was: out of the way, then deleted.
         os.makedirs(self.trash_root, exist_ok=True)
         old = os.path.join(self.trash_root, attempt.staging)
@@ -689,6 +696,25 @@ class FileSink(Sink):
         if not fs.remove_tree(staging):
             log.warning("%s: could not delete all of %s (a writer still adding files?); the sweep deletes it",
                         attempt, staging)
+
+    def abort_window(self, window: Window, reason: str) -> list[Attempt]:
+        """Abort every live attempt of the window (the teardown), and delete
+        what is left of the staging of its attempts aborted before: an abort
+        that died between marking its attempt aborted and deleting the
+        directory (or a skipped commit that died there) is finished by the
+        teardown's retry, not only by the sweep."""
+        aborted = super().abort_window(window, reason)
+        with self.ledger.connect() as conn, conn.transaction():
+            ended = conn.execute(
+                "SELECT pipeline, window_start, %s::timestamptz, epoch, staging_table FROM eos.attempts"
+                " WHERE pipeline = %s AND window_start = %s AND state = %s",
+                (window.end, window.pipeline, window.start, ABORTED)).fetchall()
+        for row in ended:
+            attempt = Attempt(*row)
+            if os.path.lexists(self.staging_dir(attempt)):
+                log.info("%s was aborted before; deleting what is left of its staging", attempt)
+                self._remove_staging(attempt)
+        return aborted
 
     def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
         """Abort attempts live longer than ``older_than``, finish decided

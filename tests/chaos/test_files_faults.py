@@ -1,0 +1,344 @@
+"""Fault cells of the file target (FileTarget: Parquet partition directories,
+the ledger in PostgreSQL), through the same steps as every other target
+(harness.chaos: only the Spark job is replaced by its Python stand-in).
+
+The matrix (test_matrix.py) runs every fault point the file target reaches x
+{raise, crash} x {retry, clear, rerun later, backfill}, and the randomized
+schedules (test_randomized.py) run on it too. The cells here look at what only
+a two-phase commit without transactions has, and at what a reader of the
+directory sees, step by step:
+
+- a crash after the decision and before the rename: the window is committed
+  in the ledger and not visible yet; the retried commit, a clear (whose
+  skipped commit is a later commit of the pipeline), a later window's commit
+  or the sweep publishes it;
+- a crash after the rename, before the ledger knows: the window is whole in
+  the directory; the retry has nothing to move and says so;
+- a crash or a raise in the middle of the staging write: a hidden temporary
+  file at most, nothing counted or published; the teardown deletes the
+  staging, the rerun publishes;
+- a zombie writer after fencing: its files never reach a partition, its
+  writes after its staging was deleted fail, and nothing is recreated;
+- a replace while a reader lists and reads the root in a loop: the window is
+  never missing or half replaced (also with a crash right after the exchange).
+
+Each ends with harness.chaos.check: verify clean, the root read with PyArrow
+equal to the Kafka records by lineage, no staging, trash or pending
+publication left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import Counter
+
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+from conftest import new_pipeline, scratch_database
+
+from airflow_eos.core.errors import TargetError
+from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR
+from harness.chaos import (
+    Harness,
+    StepFailed,
+    Zombie,
+    abort_step,
+    await_step,
+    check,
+    commit_step,
+    plan_step,
+    run_step,
+    stage_step,
+    transform_batch,
+)
+
+WINDOWS = (0, 1)
+
+
+# --------------------------------------------------------------------------- what a reader of the root sees
+
+
+def partitions(p) -> list[str]:
+    """The visible directories of the root (what a reader lists)."""
+    return sorted(n for n in os.listdir(p.root) if not n.startswith(("_", ".")))
+
+
+def commit_doc(p, i) -> dict | None:
+    try:
+        with open(os.path.join(p.target.partition_dir(p.window(i)), COMMIT_FILE)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def read_rows(p) -> list[dict]:
+    if not partitions(p):
+        return []
+    return pq.read_table(p.root, partitioning="hive").to_pylist()
+
+
+def stagings(p) -> list[str]:
+    try:
+        return sorted(os.listdir(os.path.join(p.root, STAGING_DIR)))
+    except FileNotFoundError:
+        return []
+
+
+def publications(p) -> list[tuple]:
+    with psycopg.connect(p.url) as conn:
+        return conn.execute("SELECT window_start, epoch, state FROM eos.publications WHERE pipeline = %s"
+                            " ORDER BY window_start, epoch", (p.name,)).fetchall()
+
+
+def window_state(p, i) -> tuple:
+    with psycopg.connect(p.url) as conn:
+        return conn.execute("SELECT state, committed_epoch FROM eos.windows WHERE pipeline = %s AND window_start = %s",
+                            (p.name, p.window(i).start)).fetchone()
+
+
+@pytest.fixture
+def files_pipeline(make_pipeline):
+    return lambda name, **kw: make_pipeline(name, target="files", **kw)
+
+
+@pytest.fixture
+def swept_files_pipeline(pg_server, chaos_source, tmp_path):
+    """A file target's pipeline in a ledger database of its own (the sweep is database-wide)."""
+    with scratch_database(pg_server.address) as url:
+        yield lambda name, **kw: new_pipeline(url, chaos_source, name, target="files", root=tmp_path / "lake", **kw)
+
+
+# --------------------------------------------------------------------------- a crash after the decision
+
+
+@pytest.mark.parametrize("recovery", ["retry", "clear", "later_commit", "sweep"])
+def test_a_crash_after_the_decision_is_published_by_the_next_one_to_come(recovery, files_pipeline,
+                                                                         swept_files_pipeline, tmp_path, tally):
+    make = swept_files_pipeline if recovery == "sweep" else files_pipeline
+    p = make(f"decided_{recovery}", mirror=True)
+    h = Harness(p, tmp_path / "state", faults={0: "commit.after_decision=crash*1"},
+                retries=1 if recovery == "retry" else 0)
+    run = h.run(0)
+    if recovery == "retry":
+        assert run.state == "success" and run.summary["outcome"] == "already_committed", h.history()
+        assert [r for s, r in run.tries if s == "commit"] == ["crashed", "ok"], h.history()
+    else:
+        assert run.failed_step == "commit" and ("commit", "crashed") in run.tries, h.history()
+        # Decided: committed in the ledger with its offsets, nothing visible yet.
+        assert window_state(p, 0) == ("committed", 1)
+        assert [s for _, _, s in publications(p)] == ["decided"]
+        assert partitions(p) == [] and read_rows(p) == []
+        assert stagings(p) != []  # the teardown leaves a committed attempt's staging: it is to be published
+        if recovery == "clear":
+            again = h.run(0)
+            assert again.summary["outcome"] == "skipped", h.history()  # the new attempt: the window is committed
+        elif recovery == "later_commit":
+            assert h.run(1).summary["outcome"] == "published", h.history()
+            assert len(partitions(p)) == 2  # window 1's commit published window 0 too
+            h.run(0)  # then the failed run is cleared (its Asset event)
+        else:
+            h.sweep()
+            assert len(partitions(p)) == 1 and [s for _, _, s in publications(p)] == ["published"]
+            h.run(0)
+    assert commit_doc(p, 0)["epoch"] == 1
+    h.run_many([i for i in WINDOWS if not h.asset_events.get(i)])
+    tally.add(check(h, WINDOWS))
+
+
+# --------------------------------------------------------------------------- a crash after the rename
+
+
+@pytest.mark.parametrize("action", ["crash", "raise"])
+def test_a_failure_after_the_rename_leaves_the_window_whole_and_the_retry_only_records_it(action, files_pipeline,
+                                                                                         tmp_path, tally):
+    p = files_pipeline(f"renamed_{action}")
+    h = Harness(p, tmp_path / "state", faults={0: f"commit.after_rename={action}*1"})
+    run = h.run(0)
+    assert run.failed_step == "commit", h.history()
+    # Renamed: the whole window is there for readers, with its commit file; the ledger not told yet.
+    doc = commit_doc(p, 0)
+    assert doc["epoch"] == 1 and len(partitions(p)) == 1
+    rows = read_rows(p)
+    assert len(rows) == doc["rows"]
+    assert len({(r["eos_partition"], r["eos_offset"]) for r in rows}) == len(rows)
+    assert [s for _, _, s in publications(p)] == ["decided"]
+
+    retry = h.run(0)  # a clear: its commit is skipped and finishes the publication (nothing to move)
+    assert retry.summary["outcome"] == "skipped", h.history()
+    assert [s for _, _, s in publications(p)] == ["published"] and stagings(p) == []
+    assert commit_doc(p, 0) == doc
+    h.run(1)
+    tally.add(check(h, WINDOWS))
+
+
+# --------------------------------------------------------------------------- the middle of the staging write
+
+
+@pytest.mark.parametrize("action", ["crash", "raise"])
+def test_a_failure_in_the_middle_of_the_staging_write_counts_nothing_and_the_rerun_publishes(
+        action, files_pipeline, tmp_path, tally):
+    p = files_pipeline(f"mid_write_{action}", max_records_per_task=5)
+    state = tmp_path / "state"
+    plan = plan_step(p, p.window(0))
+    with pytest.raises(StepFailed) as failed:
+        run_step(stage_step, p, plan, faults=f"stage.mid_write={action}*1", state_dir=state / "w0")
+    assert failed.value.crashed == (action == "crash")
+    assert (state / "w0" / "stage.mid_write.0").exists()
+    if action == "crash":
+        [staging] = stagings(p)
+        # The writer died with its file half written: under a hidden name only, which nothing counts.
+        data = os.path.join(p.root, STAGING_DIR, staging, "data")
+        assert all(n.startswith(".") for n in os.listdir(data)) and os.listdir(data), os.listdir(data)
+        with psycopg.connect(p.url) as conn:
+            assert conn.execute("SELECT state FROM eos.attempts WHERE pipeline = %s", (p.name,)).fetchone() == ("open",)
+    else:
+        assert stagings(p) == []  # the stage step aborted its attempt after the job failed
+    assert partitions(p) == []
+    assert abort_step(p, p.window(0)) == ([1] if action == "crash" else [])  # the teardown
+    assert stagings(p) == []
+
+    h = Harness(p, state)
+    h.run_until_committed(list(WINDOWS))
+    tally.add(check(h, WINDOWS))
+
+
+# --------------------------------------------------------------------------- a zombie writer after fencing
+
+
+def test_a_zombie_writer_after_fencing_never_reaches_a_published_partition(files_pipeline, tmp_path, tally):
+    p = files_pipeline("zombie_writer", max_records_per_task=5)
+    h = Harness(p, tmp_path / "state")
+    zombie = Zombie(p, 0)  # attempt 1: opened, one write task's chunk staged, then its driver hangs
+    zombie_dir = p.target.staging_dir(zombie.attempt)
+    # A newer run's tasks, one by one (its teardown comes later): attempt 2 fences it and commits.
+    staged = stage_step(p, plan_step(p, p.window(0)))
+    await_step(p, staged)
+    assert commit_step(p, staged)["outcome"] == "published"
+    h.emitted(0, "published")
+    published = set(os.listdir(p.target.partition_dir(p.window(0))))
+
+    # The zombie's write tasks go on writing into their own staging ...
+    writer = p.target.writer(zombie.attempt)
+    from airflow_eos.spark.kafka_source import plan_tasks, read_range
+    plan = zombie.plan
+    task = plan_tasks(plan, p.max_records_per_task)[1]
+    batches = [transform_batch(raw)[0] for raw in read_range(p.kafka_config, task, batch_rows=p.batch_rows,
+                                                               end_grace_s=0.5, poll_timeout_s=20)]
+    writer.write(batches)
+    zombie_files = {n for sub in ("data", "publish") for n in os.listdir(os.path.join(zombie_dir, sub))}
+    assert zombie_files and not zombie_files & published
+    # ... and its job commit is refused: fenced.
+    assert zombie.finish().startswith("refused: AttemptFenced"), h.history()
+    zombie_files |= set(os.listdir(os.path.join(zombie_dir, "data")))
+    assert set(os.listdir(p.target.partition_dir(p.window(0)))) == published
+
+    assert abort_step(p, p.window(0)) == [1]  # the run's teardown aborts it and deletes its staging
+    assert not os.path.exists(zombie_dir)
+    with pytest.raises(TargetError, match="aborted or committed"):
+        writer.write(batches)  # a write after that fails, and recreates nothing
+    assert not os.path.exists(zombie_dir)
+    assert set(os.listdir(p.target.partition_dir(p.window(0)))) == published
+    for path, _, files in os.walk(p.root):
+        assert not zombie_files & set(files), f"a zombie's file in {path}"
+    h.run(1)
+    tally.add(check(h, WINDOWS))
+
+
+# --------------------------------------------------------------------------- replace while a reader reads
+
+
+class Reader(threading.Thread):
+    """Lists and reads the root in a loop, as a query engine would, and records
+    anything a reader must never see: the window's directory missing, a listing
+    that is not one whole version (its commit file and exactly its files), or
+    rows that are not exactly the window's records, once each. A read that
+    fails with "file not found" (listed before the swap, opened after) is
+    allowed: the query is rerun."""
+
+    def __init__(self, p, i: int, expected_rows: int):
+        super().__init__(daemon=True)
+        self.p, self.i, self.expected_rows = p, i, expected_rows
+        self.directory = p.target.partition_dir(p.window(i))
+        self.stop = threading.Event()
+        self.problems: list[str] = []
+        self.epochs: list[int] = []
+        self.listings = self.reads = self.retried_reads = self.swaps_seen = 0
+
+    def _doc(self) -> dict | None:
+
+        try:
+            with open(os.path.join(self.directory, COMMIT_FILE)) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            what = "directory" if not os.path.isdir(self.directory) else COMMIT_FILE
+            self.problems.append(f"the window's {what} was missing")
+            return None
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            before = self._doc()
+            try:
+                names = set(os.listdir(self.directory))
+            except FileNotFoundError:
+                self.problems.append("the window's directory was missing")
+                continue
+            after = self._doc()
+            if before is None or after is None:
+                continue
+            if before["epoch"] != after["epoch"]:
+                self.swaps_seen += 1  # swapped while listing: this listing proves nothing either way
+                continue
+            self.listings += 1
+            if names != {f["name"] for f in before["files"]} | {COMMIT_FILE}:
+                self.problems.append(f"a half-replaced window: {sorted(names)} (epoch {before['epoch']})")
+                continue
+            if not self.epochs or self.epochs[-1] != before["epoch"]:
+                self.epochs.append(before["epoch"])
+            try:
+                rows = pq.read_table(self.directory).to_pylist()
+            except OSError:  # listed before the swap, opened after: rerun the query
+                self.retried_reads += 1
+                continue
+            self.reads += 1
+            lineage = Counter((r["eos_partition"], r["eos_offset"]) for r in rows)
+            if len(rows) != self.expected_rows or any(c > 1 for c in lineage.values()):
+                self.problems.append(f"read {len(rows)} rows ({sum(c > 1 for c in lineage.values())} duplicated), "
+                                     f"expected {self.expected_rows}")
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.join(30)
+
+
+@pytest.mark.parametrize("fault", ["", "commit.after_rename=crash*1"])
+def test_a_replace_while_a_reader_lists_the_root_never_shows_the_window_missing_or_half_replaced(
+        fault, files_pipeline, tmp_path, tally):
+    p = files_pipeline("replace_reader" + ("_crash" if fault else ""), on_committed="replace",
+                       max_records_per_task=5)
+    h = Harness(p, tmp_path / "state", retries=1)
+    h.run_many(list(WINDOWS))
+    before = commit_doc(p, 0)
+    assert before["epoch"] == 1
+    h.faults[0] = fault
+    with Reader(p, 0, before["rows"]) as reader:
+        run = h.run(0)  # a clear of the committed window: its rows are replaced
+    assert run.state == "success", h.history()
+    if fault:  # crashed right after the exchange; the retry found the partition complete
+        assert [r for s, r in run.tries if s == "commit"] == ["crashed", "ok"], h.history()
+        assert run.summary["outcome"] == "already_committed"
+    else:
+        assert run.summary["outcome"] == "replaced"
+    assert reader.problems == [], reader.problems[:5]
+    assert reader.listings > 0 and reader.reads > 0
+    assert reader.epochs == [1, 2]  # it read the old version, then the new one, and nothing else
+    assert commit_doc(p, 0)["epoch"] == 2 and window_state(p, 0) == ("committed", 2)
+    assert {e: s for start, e, s in publications(p) if start == p.window(0).start}[2] == "published"
+    tally.add(check(h, WINDOWS))
+
