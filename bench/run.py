@@ -32,6 +32,10 @@ partitions, all inside one hourly window):
    (``alo-job``) with the stage operator's conf.
    The headline pair (exactly-once partitioned, at-least-once on Spark Connect)
    runs ``--repeats`` times, interleaved; the median run of each is reported.
+   The file target (issue 18): ``dags/orders_hourly_files.py`` on the same
+   server (FileTarget: the window as a Parquet partition directory), with
+   Spark's native Parquet write of the same rows as its ceiling, both
+   ``--repeats`` times interleaved (files.py);
 
 4. CPU: the core-seconds each part of the run (broker, Spark, PostgreSQL,
    this process) spent in each ceiling and window, and what they imply: the
@@ -41,7 +45,7 @@ partitions, all inside one hourly window):
 The parts, one module each (beside this file, which is the CLI and composes
 them): records.py (the records and shared constants), measure.py (CpuMeter,
 TreeMemory, the median run), ceilings.py (1), windows.py (2, reading each
-task's figures from its XCom), baseline.py (3, and the ``alo-job`` this file
+task's figures from its XCom), files.py (2c, the file target), baseline.py (3, and the ``alo-job`` this file
 runs under spark-submit), machine.py and report.py (results.json, results.md).
 
     make bench SIZES=10000,100000,1000000
@@ -73,6 +77,7 @@ from baseline import (  # noqa: E402
     run_at_least_once_on_connect,
 )
 from ceilings import measure_ceilings  # noqa: E402
+from files import files_headline, files_ratios, measure_files  # noqa: E402
 from machine import heavy_processes, machine_info  # noqa: E402
 from measure import CpuMeter, checkpoint, median_run  # noqa: E402
 from records import HERE, HOUR, PARTITIONS, TOPIC, produce  # noqa: E402
@@ -193,6 +198,7 @@ def finish(results: dict, run: Run, args: argparse.Namespace) -> None:
     results["bench_seconds"] = round(time.perf_counter() - run.started, 1)
     results["note"] = args.note
     results.update(headline(results))
+    results.update(files_headline(results))
     write_results(results, args.out)
     print(f"\nwritten {args.out / 'results.md'} and {args.out / 'results.json'}")
     print(render_markdown(results))
@@ -205,7 +211,8 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     """Every measurement of a window of ``size`` records (the ``k``-th size)."""
     print(f"\n== window of {size:,} records", flush=True)
     # One database per way of staging: the same window, each with a ledger of its own.
-    modes = (("submit", "connect") + tuple(f"partitioned_{j}" for j in range(bench.repeats))
+    modes = (("submit", "connect") + tuple(f"{kind}_{j}" for kind in ("partitioned", "files")
+                                           for j in range(bench.repeats))
              + (("warm_up",) if k == 0 else ()))
     urls = create_databases(bench, {mode: f"bench_{size}_{mode}_{os.getpid()}" for mode in modes})
     ends, produce_s = fresh_topic(bench, size)
@@ -222,6 +229,8 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     print(f"   at-least-once (submit): {r['at_least_once_submit']['wall_s']:.1f}s", flush=True)
     r.update(headline_pair(bench, size, ends, urls, run_after + HOUR / 2))
     r["ratios"] = ratios(r, size, bench.cores)
+    r.update(measure_files(bench, size, ends, urls, run_after + HOUR / 2))
+    r.update(files_ratios(r))
     drop_databases(bench, urls)
     return r
 
