@@ -716,8 +716,17 @@ class FileSink(Sink):
                 self._remove_staging(attempt)
         return aborted
 
+    def sweeps_unclaimed(self, attempt: Attempt) -> bool:
+        """Only an attempt whose staging directory is under this root: begin
+        creates it for this target's attempts alone, so an attempt of a
+        pipeline claimed for no target (planned without its target) is this
+        root's exactly when it has one here. Another target's attempt (a
+        PostgreSQL one staging in ``eos_staging``) is never aborted here."""
+        return os.path.isdir(self.staging_dir(attempt))
+
     def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
-        """Abort attempts live longer than ``older_than``, finish decided
+        """Abort this root's attempts live longer than ``older_than`` (see
+        :meth:`Sink.sweep` and :meth:`sweeps_unclaimed`), finish decided
         publications, and delete staging directories that no live or
         unpublished attempt owns (aborted, published, superseded, or left by a
         begin that rolled back, once older than ``older_than``), and the trash."""
