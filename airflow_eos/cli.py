@@ -27,6 +27,7 @@ from airflow_eos.core.ledger import WindowState
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.errors import EosError
 from airflow_eos.core.database import redact
+from airflow_eos.core.target import target_from_dict
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.source import KafkaLog
@@ -126,12 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep", parents=[postgres_only], help="abort attempts left open too long (zombies)",
         description="Abort every attempt still open, checkpointed or prepared that was opened longer ago than "
                     "--older-than, and drop its staging. Its window stays planned and can run again. The "
-                    "duration must exceed the longest stage-to-commit time of a healthy run.")
+                    "duration must exceed the longest stage-to-commit time of a healthy run. Each target "
+                    "claimed in the ledger (a PostgreSQL table, a file target's root) is swept by its own sink; "
+                    "pipelines claimed for no target (planned before claims, or without their target) are "
+                    "swept as PostgreSQL ones.")
     sweep.add_argument("--older-than", required=True, type=parse_duration, metavar="DURATION",
                        help="e.g. 30m, 2h, 1d or 1h30m")
     sweep.add_argument("--table", metavar="TABLE",
-                       help="the target table the attempts stage for (aborting only drops their staging; "
-                            "the table itself is never touched)")
+                       help="sweep only the pipelines claimed for this PostgreSQL table, and those claimed for "
+                            "no target (aborting only drops their staging; the table itself is never touched)")
     sweep.add_argument("--dry-run", action="store_true", help="list what would be aborted, abort nothing")
     sweep.set_defaults(run=cmd_sweep)
 
@@ -340,26 +344,56 @@ def print_report(report: VerifyReport, out: TextIO, *, limit: int = 50) -> None:
 
 def cmd_sweep(args, out: TextIO) -> int:
     url = _postgres_url(args)
-    # Aborting drops an attempt's staging by the attempt's own name and marks it
-    # in the ledger; the target table is never read, so any valid name serves.
-    sink = PostgresTarget(url, args.table or "eos.windows")
+    ledger = Ledger(url)
     now = datetime.now(timezone.utc)
     cutoff = now - args.older_than
-    with sink.ledger.connect() as conn, conn.transaction():
-        _require_ledger(conn, sink.ledger)
-        stale = attempts.live_attempts(conn, opened_before=cutoff) if args.dry_run else []
-    if args.dry_run:
-        verb = "would abort"
+    with ledger.connect() as conn, conn.transaction():
+        _require_ledger(conn, ledger)
+        claims = ledger.records_claims(conn)
+        claimed = dict(conn.execute("SELECT pipeline, target FROM eos.pipelines WHERE target IS NOT NULL")
+                       .fetchall()) if claims else {}
+    # Each target's sink sweeps its own pipelines' attempts (a sink can drop
+    # only its own staging). Aborting never reads a PostgreSQL target's table,
+    # so the one for pipelines claimed for no target may name any table.
+    if args.table:
+        sinks = [PostgresTarget(url, args.table)]
     else:
-        stale = sink.sweep(args.older_than, now=now)
-        verb = "aborted"
-    if not stale:
-        print(f"nothing to sweep: no live attempt opened before {_when(cutoff)} UTC", file=out)
+        sinks, unknown = _sweep_sinks(url, sorted(set(claimed.values())))
+        for target in unknown:
+            print(f"not swept: target {target} (airflow-eos cannot build its sink; sweep it with "
+                  "Sink.sweep)", file=out)
+        sinks.append(PostgresTarget(url, "eos.windows"))  # pipelines claimed for no target
+    verb = "would abort" if args.dry_run else "aborted"
+    rows = []
+    for sink in sinks:
+        stale = (sink.stale_attempts(args.older_than, now=now) if args.dry_run
+                 else sink.sweep(args.older_than, now=now))
+        rows += [(a.pipeline, a.window_start, a.window_end, a.epoch, a.staging,
+                  claimed.get(a.pipeline) or f"(no claim; as {sink.target_id})") for a in stale]
+    if not rows:
+        scope = f"of target {sinks[0].target_id} " if args.table else ""
+        print(f"nothing to sweep: no live attempt {scope}opened before {_when(cutoff)} UTC", file=out)
         return OK
-    print(f"{verb} {len(stale)} attempt(s) opened before {_when(cutoff)} UTC:", file=out)
-    print(table(["pipeline", "window start (UTC)", "window end (UTC)", "epoch", "staging"],
-                [(a.pipeline, a.window_start, a.window_end, a.epoch, a.staging) for a in stale]), file=out)
+    print(f"{verb} {len(rows)} attempt(s) opened before {_when(cutoff)} UTC:", file=out)
+    print(table(["pipeline", "window start (UTC)", "window end (UTC)", "epoch", "staging", "target"], rows),
+          file=out)
     return OK
+
+
+def _sweep_sinks(url: str, targets: Sequence[str]) -> tuple[list[Any], list[str]]:
+    """The sinks of the targets claimed in the ledger (each from its target id,
+    with the ledger's database), and the ids airflow-eos cannot build one of."""
+    sinks: list[Any] = []
+    unknown = []
+    for target in targets:
+        kind, _, name = target.partition(":")
+        if kind == "postgresql":
+            sinks.append(PostgresTarget(url, name))
+        elif kind == "files":
+            sinks.append(target_from_dict({"kind": "files", "path": name, "ledger_url": url}).sink())
+        else:
+            unknown.append(target)
+    return sinks, unknown
 
 
 # --------------------------------------------------------------------------- release

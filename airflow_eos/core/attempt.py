@@ -215,6 +215,26 @@ def live_attempts(conn: psycopg.Connection, *, window: Window | None = None,
     return [Attempt(*r) for r in rows]
 
 
+def stale_attempts(conn: psycopg.Connection, opened_before: datetime, *,
+                   claims: bool = True) -> list[tuple[Attempt, str | None]]:
+    """Live attempts opened before an instant (the sweep's), oldest first, each
+    with the target its pipeline is claimed for (``eos.pipelines.target``), or
+    None: a pipeline with no claim, or one claimed without a target (planned by
+    a version before claims, or by a plan that named no target). ``claims``:
+    the ledger's schema records claims (``Ledger.records_claims``); without
+    them every attempt's target is None."""
+    target = "p.target" if claims else "NULL::text"
+    rows = conn.execute(
+        f"SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table, {target}"
+        " FROM eos.attempts a JOIN eos.windows w USING (pipeline, window_start)"
+        " JOIN eos.pipelines p ON p.pipeline = a.pipeline"
+        f" WHERE a.state IN ({_LIVE_SQL}) AND a.opened_at < %s"
+        " ORDER BY a.opened_at, a.pipeline, a.window_start, a.epoch",
+        (opened_before,),
+    ).fetchall()
+    return [(Attempt(*r[:5]), r[5]) for r in rows]
+
+
 def attempt_counts(conn: psycopg.Connection, pipeline: str) -> dict[datetime, dict[AttemptState, int]]:
     """How many attempts of each window of the pipeline are in each state."""
     counts: dict[datetime, dict[AttemptState, int]] = {}

@@ -120,6 +120,31 @@ class Sink(ABC):
 
     ledger: Ledger
 
+    @property
+    def target_id(self) -> str:
+        """The target's identity in the ledger: the string the plans of its
+        pipelines claim them with (``eos.pipelines.target``, see
+        core/ownership.py), equal to the ``target_id`` of the spec that built
+        the sink (``PostgresTarget.target_id``: ``postgresql:schema.table``;
+        ``FileTarget.target_id``: ``files:/root``). One ledger database serves
+        many targets: :meth:`sweep` aborts only attempts of the pipelines
+        claimed for this id (and those :meth:`sweeps_unclaimed` accepts). A
+        sink that does not name it cannot sweep."""
+        raise NotImplementedError(f"{type(self).__name__} names no target_id: its sweep cannot tell its pipelines "
+                                  "from other targets'")
+
+    def sweeps_unclaimed(self, attempt: Attempt) -> bool:
+        """May :meth:`sweep` abort ``attempt``, a stale attempt of a pipeline
+        claimed for no target (no claim: planned by a version before claims,
+        or released; or a claim without a target: a plan that named none)?
+        Such an attempt may be any target's, and aborting another target's
+        attempt loses track of its staging (its teardown finds nothing live to
+        drop), so a sink says yes only when it knows the attempt is its own,
+        or (PostgreSQL, as before targets were told apart) when it is the
+        target such pipelines are taken to publish into. False by default:
+        they are left to their own target's sweep."""
+        return False
+
     @abstractmethod
     def begin(self, window: Window) -> Attempt:
         """Open a new attempt of a planned window (a new epoch, fencing older
@@ -214,22 +239,35 @@ class Sink(ABC):
             live = attempts.live_attempts(conn, window=window)
         return [a for a in live if self.abort(a, reason)]
 
-    def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
-        """Abort attempts left live longer than ``older_than`` (zombies nobody
-        aborted). The timeout must exceed the longest stage-to-commit time of a
-        healthy run. Returns what was aborted; an attempt that cannot be aborted
-        now (its staging locked by a writer) is logged and left for next time."""
+    def stale_attempts(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
+        """What :meth:`sweep` would abort now: this target's live attempts
+        opened longer than ``older_than`` ago, oldest first, those of the
+        pipelines claimed for :attr:`target_id` and those of pipelines claimed
+        for no target that :meth:`sweeps_unclaimed` accepts."""
         cutoff = (now or datetime.now(timezone.utc)) - older_than
+        target = self.target_id
         with self.ledger.connect() as conn, conn.transaction():
-            stale = attempts.live_attempts(conn, opened_before=cutoff)
+            stale = attempts.stale_attempts(conn, cutoff, claims=self.ledger.records_claims(conn))
+        return [a for a, claimed in stale if claimed == target or (claimed is None and self.sweeps_unclaimed(a))]
+
+    def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
+        """Abort this target's attempts left live longer than ``older_than``
+        (zombies nobody aborted; see :meth:`stale_attempts`). Attempts of
+        pipelines claimed for another target are left to that target's sweep:
+        this sink could not drop their staging. The timeout must exceed the
+        longest stage-to-commit time of a healthy run. Returns what was
+        aborted; an attempt that cannot be aborted now (its staging locked by
+        a writer) is logged and left for next time."""
+        mine = self.stale_attempts(older_than, now=now)
         swept = []
-        for a in stale:
+        for a in mine:
             try:
                 if self.abort(a, f"swept: live for longer than {older_than}"):
                     swept.append(a)
             except Exception as exc:  # noqa: BLE001 - one stuck attempt must not stop the sweep
                 log.warning("sweep could not abort %s now: %s", a, exc)
-        log.info("sweep aborted %d of %d attempts opened before %s", len(swept), len(stale), cutoff.isoformat())
+        log.info("sweep of %s aborted %d of its %d attempts live for longer than %s", self.target_id, len(swept),
+                 len(mine), older_than)
         return swept
 
     def published_relation(self, conn, pipeline: str, columns: tuple[str, ...] = ()):

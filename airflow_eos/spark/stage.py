@@ -99,7 +99,9 @@ catch_errors), :mod:`~airflow_eos.spark.layout` (what the writer receives),
 :mod:`~airflow_eos.spark.stage_settings` (what the tasks are handed, what the read
 tasks report), :mod:`~airflow_eos.spark.stager` (one write task),
 :mod:`~airflow_eos.spark.staging_source` (the eos_staging data source and its job
-commit) and this driver.
+commit), :mod:`~airflow_eos.spark.stage_files` (the path of a sink that takes
+files: Spark's own Parquet writer), :mod:`~airflow_eos.spark.stage_report`
+(StageReport, StageFailed, helpers both paths share) and this driver.
 
 Entry points: :func:`run_stage` (in-process, reusing a SparkSession) and
 :func:`airflow_eos.spark.job.main` (``spark-submit airflow_eos/spark/job.py ...``, see submit.py).
@@ -107,97 +109,53 @@ Entry points: :func:`run_stage` (in-process, reusing a SparkSession) and
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
-from airflow_eos.core.attempt import Attempt, ConsumedRange
+from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import (
     AttemptClosed,
     ConfigurationError,
-    EosError,
-    TargetError,
     WindowConflict,
     WindowNotPlanned,
 )
-from airflow_eos.core.faults import fault_point
-from airflow_eos.core.sink import DEAD_LETTER_SCHEMA, Sink, SparkOutput
+from airflow_eos.core.sink import Sink
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK, read_plan
-from airflow_eos.spark.layout import RAW_COLUMNS, Layout, records_as_read, writer_input
+from airflow_eos.spark.layout import Layout, records_as_read, writer_input
+from airflow_eos.spark.stage_files import stage_files
+from airflow_eos.spark.stage_report import (
+    StageFailed,
+    StageReport,
+    _abort_quietly,
+    _attempt_state,
+    _failure,
+    _log_plan,
+    _make_active,
+    _report,
+)
 from airflow_eos.spark.stage_settings import (
     DEFAULT_ROWS_PER_CHUNK,
     FORMAT_NAME,
     REPORT_HOOK,
     StageSettings,
-    load_read_ranges,
-    read_coverage,
     report_options,
     report_read,
 )
-from airflow_eos.spark.stager import DEAD_LETTER_SAMPLES, StagedTask, TooManyBadRecords, too_many_message
+from airflow_eos.spark.stager import StagedTask, TooManyBadRecords
 from airflow_eos.spark.staging_source import StagingDataSource, commit_stage, register
 from airflow_eos.spark.transform import load_transform
-from airflow_eos.spark.udf import ERROR_COLUMN, MAX_ERROR_CHARS, catch_errors, describe_error, safe_udf
+from airflow_eos.spark.udf import ERROR_COLUMN, catch_errors, describe_error, safe_udf
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
-
-
-class StageFailed(EosError):
-    """The Spark stage job failed. ``error`` names the underlying error's class
-    (e.g. ``AttemptFenced``, ``TooManyBadRecords``) when it is one of ours."""
-
-    def __init__(self, message: str, *, error: str | None = None):
-        super().__init__(message)
-        self.error = error
-
-
-# --------------------------------------------------------------------------- driver
-
-
-@dataclass(frozen=True)
-class StageReport:
-    """What one run of the stage job did, as checkpointed."""
-
-    attempt: Attempt
-    run: str
-    consumed: tuple[ConsumedRange, ...]  # per planned partition: offsets read and records in them
-    records_read: int
-    rows_staged: int
-    dead_letters: int
-    chunks: int
-    checksum: str
-    read_tasks: int
-    read_seconds: float  # summed over read tasks, which run in parallel
-    seconds: Mapping[str, float] = field(default_factory=dict)  # phase -> wall seconds on the driver
-
-    def to_dict(self) -> dict:
-        return {
-            "attempt": self.attempt.to_dict(), "run": self.run,
-            "consumed": [dataclasses.asdict(r) for r in self.consumed],
-            "records_read": self.records_read, "rows_staged": self.rows_staged, "dead_letters": self.dead_letters,
-            "chunks": self.chunks, "checksum": self.checksum, "read_tasks": self.read_tasks,
-            "read_seconds": round(self.read_seconds, 3),
-            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-        }
-
-    def __str__(self) -> str:
-        job = self.seconds.get("job", 0.0)
-        rate = f" ({self.records_read / job:,.0f} records/s)" if job > 0 else ""
-        phases = ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items())
-        return (f"{self.attempt} checkpointed: {self.records_read} records read from {len(self.consumed)} "
-                f"partition(s) by {self.read_tasks} read task(s), {self.rows_staged} rows staged, "
-                f"{self.dead_letters} dead letters, {self.chunks} chunk(s){rate}; {phases}")
 
 
 def _check_attempt(target: Sink, plan: WindowPlan, attempt: Attempt) -> None:
@@ -217,31 +175,6 @@ def _check_attempt(target: Sink, plan: WindowPlan, attempt: Attempt) -> None:
         attempts.check_current(attempt, status, "stage")
         if status.state != attempts.OPEN:
             raise AttemptClosed(f"cannot stage {attempt}: it is {status.state} already; open a new attempt")
-
-
-def _failure(exc: BaseException) -> tuple[str, str | None]:
-    """The cause of a failed Spark job as a person needs it: our error's class
-    and message, found in the Python traceback Spark wraps it in."""
-    names: set[str] = set()
-    todo = [EosError]
-    while todo:
-        cls = todo.pop()
-        names.add(cls.__name__)
-        todo.extend(cls.__subclasses__())
-    text = str(exc)
-    pattern = re.compile(r"^(?:[\w.]+\.)?(" + "|".join(sorted(names)) + r"): (.*)$", re.M)
-    match = pattern.search(text)
-    if match is None:
-        python = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.*)$", text, re.M)
-        if python:
-            return f"{python[-1][0]}: {python[-1][1]}", None
-        return text[:MAX_ERROR_CHARS], None
-    lines = [match.group(2)]
-    for line in text[match.end():].splitlines()[1:]:
-        if not line.startswith("  ") or line.startswith("  File "):
-            break
-        lines.append(line)
-    return f"{match.group(1)}: " + "\n".join(lines), match.group(1)
 
 
 def run_stage(
@@ -265,7 +198,7 @@ def run_stage(
     ``attempt`` must be open (``target.begin`` made it); ``target`` is a bound
     target's Sink (a PostgresTarget with its URL, a FileSink, ...). A sink with
     a :meth:`~airflow_eos.core.sink.Sink.spark_output` is written by Spark's own
-    Parquet writer (:func:`_stage_native`); any other through the eos_staging
+    Parquet writer (:func:`~airflow_eos.spark.stage_files.stage_files`); any other through the eos_staging
     data source and its writer. ``read_options``: further eos_kafka options
     (arrow_batch_rows, end_grace_s, poll_timeout_s).
     """
@@ -287,9 +220,9 @@ def run_stage(
         _abort_quietly(target, attempt, f"stage job run {run} failed before writing: {exc}")
         raise
     if output is not None:
-        return _stage_native(spark, plan, attempt, target, output, kafka_config, transform, run=run,
-                             started=started, max_records_per_task=max_records_per_task,
-                             max_bad_records=max_bad_records, read_options=read_options)
+        return stage_files(spark, plan, attempt, target, output, kafka_config, transform, run=run,
+                           started=started, max_records_per_task=max_records_per_task,
+                           max_bad_records=max_bad_records, read_options=read_options)
     log.info("staging %s (run %s) into %s: %d planned range(s), at most %d records, max_bad_records=%d",
              attempt, run, target.table, len(plan.ranges), plan.max_records, max_bad_records)
     _log_plan(plan)
@@ -329,214 +262,6 @@ def run_stage(
     for r in report.consumed:
         log.info("  read %s [%d, %d): %d records", r.tp, r.start_offset, r.end_offset, r.records)
     return report
-
-
-# --------------------------------------------------------------------------- Spark's own writer
-
-
-def _stage_native(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink, output: SparkOutput,
-                  kafka_config: Mapping[str, Any], transform, *, run: str, started: float,
-                  max_records_per_task: int, max_bad_records: int,
-                  read_options: Mapping[str, Any] | None) -> StageReport:
-    """Stage into a sink that takes files (``output``, see Sink.spark_output)
-    with Spark's own Parquet writer: the rows never pass through Python.
-
-    The window's records are read from Kafka once: when the transform can
-    mark dead letters (``eos_error``), its output is persisted, the dead
-    letters are counted (more than ``max_bad_records``: TooManyBadRecords, as
-    for the other sinks), then the good rows and the dead letters are written
-    from the persisted output. The checkpoint is written by the driver, after
-    both writes, with what the read tasks reported (read_coverage) and the
-    files the writes left (Sink.staged_chunks)."""
-    from pyspark.sql import functions as F
-
-    url = target.ledger.url
-    where = output.data
-    log.info("staging %s (run %s) into %s with Spark's Parquet writer: %d planned range(s), at most %d records, "
-             "max_bad_records=%d", attempt, run, where, len(plan.ranges), plan.max_records, max_bad_records)
-    _log_plan(plan)
-    try:
-        cleared = target.clear_writes(attempt)
-        if cleared:
-            log.info("%s: deleted %d file(s) an earlier run of the stage job left in its staging", attempt, cleared)
-        register(spark)
-        records = read_plan(spark, plan, kafka_config, max_records_per_task=max_records_per_task,
-                            report=REPORT_HOOK, report_options=report_options(url, attempt, run),
-                            **(read_options or {}))
-        fn = load_transform(transform)
-        out = records_as_read(records) if fn is None else fn(records)
-        if not hasattr(out, "write") or not hasattr(out, "columns"):
-            raise ConfigurationError(f"transform {transform!r} returned {type(out).__name__}, not a DataFrame")
-        rows, layout = _file_rows(out, output, target, strict=fn is not None)
-    except Exception as exc:
-        _abort_quietly(target, attempt, f"stage job run {run} failed before writing: {exc}")
-        raise
-    setup = time.perf_counter()
-    log.info("%s: set up in %.2fs; writing %d column(s) %s (read + transform + write, then the checkpoint)",
-             attempt, setup - started, len(layout.staged), list(layout.staged))
-    _make_active(spark)
-    persisted = None
-    try:
-        data, dead_count = rows, 0
-        if layout.error is not None:
-            persisted = rows.persist()  # read Kafka and transform once, for the count and both writes
-            dead_count = _count_dead_letters(persisted, layout, attempt, max_bad_records)
-            data = persisted.filter(F.col(layout.error).isNull())
-        data = data.select(*[_column(c) for c in layout.staged])
-        data.write.mode("append").parquet(output.data)
-        # The rows are in the staging, the dead letters and the checkpoint not yet
-        # (the same point as a write task's half-staged rows for the other sinks).
-        fault_point("stage.mid_write")
-        if dead_count:
-            _write_dead_letters(spark, persisted, layout, output, kafka_config)
-        written = time.perf_counter()
-        reported = read_coverage(url, attempt, run, plan)
-        chunks = target.staged_chunks(attempt)
-        target.checkpoint(attempt, [r for r, _ in reported], chunks)
-    except Exception as exc:
-        message, error = (f"{type(exc).__name__}: {exc}", type(exc).__name__) if isinstance(exc, EosError) \
-            else _failure(exc)
-        _abort_quietly(target, attempt, f"stage job run {run} failed: {message}")
-        state = _attempt_state(target, attempt)
-        raise StageFailed(f"the stage job of {attempt} failed ({state}): {message}", error=error) from exc
-    finally:
-        if persisted is not None:
-            persisted.unpersist()
-    finished = time.perf_counter()
-    report = _report(target, attempt, run, {"setup": setup - started, "job": written - setup,
-                                            "checkpoint": finished - written})
-    report.seconds["total"] = time.perf_counter() - started
-    log.info("%s", report)
-    for r in report.consumed:
-        log.info("  read %s [%d, %d): %d records", r.tp, r.start_offset, r.end_offset, r.records)
-    return report
-
-
-def _log_plan(plan: WindowPlan) -> None:
-    for r in plan.ranges:
-        log.info("  planned %s [%d, %d): %d offsets", r.tp, r.start_offset, r.end_offset, r.width)
-
-
-def _column(name: str):
-    from pyspark.sql import functions as F
-
-    return F.col("`" + name.replace("`", "``") + "`")
-
-
-def _file_rows(out: "DataFrame", output: SparkOutput, target: Sink, *, strict: bool) -> tuple["DataFrame", Layout]:
-    """The transform's output shaped for a sink that takes files: every column
-    is written, except ``eos_error``, the columns the sink gives readers itself
-    (``output.reserved``: dropped, with a warning) and, after a transform that
-    has both, ``key`` and ``value`` (the raw record, kept with a dead letter
-    only). Without a transform, the records as read are written whole."""
-    reserved = {c.lower() for c in output.reserved}
-    dropped = [c for c in out.columns if c.lower() in reserved]
-    if dropped:
-        log.warning("the transform's output has column(s) %s, which the target's partition directories give to "
-                    "readers: dropped from the rows", dropped)
-        out = out.drop(*dropped)
-    names = list(out.columns)
-    raw = [c for c in names if c.lower() in RAW_COLUMNS]
-    raw = set(raw) if strict and len(raw) == len(RAW_COLUMNS) else set()
-    staged = [c for c in names if c.lower() != ERROR_COLUMN and c not in raw]
-    if not staged:
-        raise ConfigurationError(f"the transform's output has no column to write (it has {names})")
-    return writer_input(out, staged, target.not_null_columns(staged), table=output.data, strict=strict)
-
-
-def _count_dead_letters(rows: "DataFrame", layout: Layout, attempt: Attempt, max_bad_records: int) -> int:
-    """The dead letters among ``rows`` (one Spark job over the persisted
-    output); TooManyBadRecords over ``max_bad_records``, a TargetError for a
-    dead letter that cannot name its record."""
-    from pyspark.sql import functions as F
-
-    topic, partition, offset = layout.lineage
-    bad = rows.filter(F.col(layout.error).isNotNull())
-    no_lineage = F.when(F.col(topic).isNull() | F.col(partition).isNull() | F.col(offset).isNull(), 1)
-    count, unnamed = bad.agg(F.count(F.lit(1)), F.count(no_lineage)).first()
-    if unnamed:
-        raise TargetError(f"{attempt}: {unnamed} dead letter(s) have null lineage ({topic}, {partition}, {offset}): "
-                          "a dead letter must name its source record")
-    if count > max_bad_records:
-        samples = [tuple(r) for r in bad.select(
-            F.col(topic).cast("string"), F.col(partition).cast("int"), F.col(offset).cast("long"),
-            F.col(layout.error)).orderBy(topic, partition, offset).limit(DEAD_LETTER_SAMPLES).collect()]
-        raise TooManyBadRecords(too_many_message(attempt, max_bad_records, count, samples, "the job"))
-    if count:
-        log.info("%s: %d dead letter(s) (max_bad_records=%d)", attempt, count, max_bad_records)
-    return count
-
-
-def _write_dead_letters(spark: "SparkSession", rows: "DataFrame", layout: Layout, output: SparkOutput,
-                        kafka_config: Mapping[str, Any]) -> None:
-    """The dead letters of ``rows`` as Parquet into ``output.dead_letters``
-    (DEAD_LETTER_SCHEMA), in one file. Their raw key and value come from the
-    transform's ``key`` and ``value``; without those, they are read back from
-    Kafka by lineage on the driver (at most max_bad_records records)."""
-    from pyspark.sql import functions as F
-
-    topic, partition, offset = layout.lineage
-    lineage = [F.col(topic).cast("string").alias("topic"), F.col(partition).cast("int").alias("partition"),
-               F.col(offset).cast("long").alias("offset"), F.col(layout.error).alias("error")]
-    bad = rows.filter(F.col(layout.error).isNotNull())
-    schema = ", ".join(f"`{name}` {kind}" for name, kind in DEAD_LETTER_SCHEMA)
-    if layout.raw is not None:
-        dead = bad.select(*lineage, F.col(layout.raw[0]).alias("key"), F.col(layout.raw[1]).alias("value"))
-    else:
-        from airflow_eos.spark.kafka_ranges import read_records
-
-        letters = [tuple(r) for r in bad.select(*lineage).collect()]
-        by_partition: dict[tuple[str, int], list[int]] = {}
-        for t, p, o, _ in letters:
-            by_partition.setdefault((t, p), []).append(o)
-        raw = {(t, p): read_records(kafka_config, t, p, offsets) for (t, p), offsets in by_partition.items()}
-        dead = spark.createDataFrame([(t, p, o, e, *raw[(t, p)][o]) for t, p, o, e in letters], schema)
-    dead.select(*[_column(name) for name, _ in DEAD_LETTER_SCHEMA]).coalesce(1).write.mode("append").parquet(
-        output.dead_letters)
-
-
-def _make_active(spark: "SparkSession") -> None:
-    """Spark finds a Python data source to write to through the JVM thread's
-    *active* session, which only the thread that built the session has: from any
-    other thread (two windows staged at once in one process) the write would fail
-    with DATA_SOURCE_NOT_FOUND."""
-    jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
-    if jvm is not None and jsession is not None:
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
-
-
-def _abort_quietly(target: Sink, attempt: Attempt, reason: str) -> None:
-    try:
-        target.abort(attempt, reason[:MAX_ERROR_CHARS])
-    except Exception as exc:  # noqa: BLE001 - the original failure matters more; the abort task retries
-        log.warning("could not abort %s after its failure: %s", attempt, exc)
-
-
-def _attempt_state(target: Sink, attempt: Attempt) -> str:
-    try:
-        with target.ledger.connect() as conn:
-            status = attempts.load_status(conn, attempt)
-    except Exception as exc:  # noqa: BLE001 - only for the message
-        return f"attempt state unknown: {exc}"
-    if status.state == attempts.ABORTED:
-        return "attempt aborted, staging dropped"
-    return f"attempt {status.state}"
-
-
-def _report(target: Sink, attempt: Attempt, run: str, seconds: dict[str, float]) -> StageReport:
-    with target.ledger.connect() as conn:
-        status = attempts.load_status(conn, attempt)
-        checkpoint = attempts.load_checkpoint(conn, attempt)
-    if status.state not in (attempts.CHECKPOINTED, attempts.PREPARED, attempts.COMMITTED):
-        raise StageFailed(f"the stage job of {attempt} finished but the attempt is {status.state}, "
-                          "not checkpointed", error=None)
-    reads = load_read_ranges(target.ledger.url, attempt, run)
-    return StageReport(
-        attempt=attempt, run=run, consumed=checkpoint.ranges,
-        records_read=sum(r.records for r in checkpoint.ranges), rows_staged=checkpoint.row_count,
-        dead_letters=checkpoint.dead_letter_count, chunks=len(checkpoint.chunks), checksum=checkpoint.checksum,
-        read_tasks=len(reads), read_seconds=sum(s for _, s in reads), seconds=seconds,
-    )
 
 
 

@@ -152,7 +152,8 @@ def test_sweep_aborts_stale_attempts_and_dry_run_only_lists(pg_url, committed):
     code, out, _ = run("sweep", "--older-than", "2h", "--postgres-url", pg_url, "--dry-run")
     assert code == 0 and out.startswith("would abort 1 attempt(s) opened before ")
     [row] = lines_with(out, PIPELINE)
-    assert row.split() == [PIPELINE, "2024-01-01", "02:00:00", "2024-01-01", "03:00:00", "2", stale.staging]
+    assert row.split() == [PIPELINE, "2024-01-01", "02:00:00", "2024-01-01", "03:00:00", "2", stale.staging,
+                           "(no", "claim;", "as", "postgresql:eos.windows)"]  # planned without its target
     assert execute(pg_url, "SELECT state FROM eos.attempts WHERE epoch = 2 AND window_start = %s",
                    (stale.window_start,)) == [("open",)]
 

@@ -587,6 +587,122 @@ def test_sweep_aborts_stale_attempts_and_deletes_orphaned_staging(pg_url, root, 
     assert attempt_state(pg_url, stale)[0] == "aborted"
 
 
+PAYMENTS_DDL = """
+    CREATE TABLE payments (
+        id bigint NOT NULL, eos_topic text NOT NULL, eos_partition integer NOT NULL, eos_offset bigint NOT NULL,
+        eos_pipeline text NOT NULL, eos_window_start timestamptz NOT NULL
+    );
+"""
+
+
+def claim(ledger, pipeline, topics, target):
+    """The claim a DAG's plan records (PlanRequest(target_id=...))."""
+    from airflow_eos.core.ownership import Claim
+    with ledger.connect() as conn, conn.transaction():
+        ledger.lock_pipeline(conn, pipeline)
+        ledger.save_claim(conn, Claim(pipeline, topics, f"dag_{pipeline}", target))
+
+
+def two_targets_with_zombies(pg_url, ledger, sink, freeze_windows, *, claimed):
+    """One ledger database, two pipelines: orders_hourly into the file target,
+    payments_hourly into a PostgreSQL table; each with a zombie attempt opened
+    3 hours ago (staged into the root, begun in eos_staging)."""
+    from airflow_eos.targets.postgres.target import PostgresTarget
+    execute(pg_url, PAYMENTS_DDL)
+    pg = PostgresTarget(pg_url, "payments")
+    [files_plan] = freeze_windows(PIPELINE, [0])
+    [pg_plan] = freeze_windows("payments_hourly", [0], partitions=(("payments", 0),))
+    if claimed:
+        claim(ledger, PIPELINE, ("orders",), sink.target_id)
+        claim(ledger, "payments_hourly", ("payments",), pg.target_id)
+    files_zombie = stage(sink, files_plan, prepare=False)
+    pg_zombie = pg.begin(pg_plan.window)
+    execute(pg_url, "UPDATE eos.attempts SET opened_at = now() - interval '3 hours'")
+    return pg, files_zombie, pg_zombie
+
+
+def pg_staging(url):
+    return sorted(r[0] for r in execute(url, "SELECT tablename FROM pg_tables WHERE schemaname = 'eos_staging'"))
+
+
+@pytest.mark.parametrize("first", ["files", "postgres"])
+def test_each_targets_sweep_aborts_only_the_attempts_of_its_own_pipelines(pg_url, root, sink, ledger,
+                                                                           freeze_windows, first):
+    """Regression: Sink.sweep aborted the live attempts of every pipeline in
+    the ledger's database. The file sink's sweep marked a PostgreSQL
+    pipeline's attempt aborted (no directory to delete), and its staging
+    tables were orphaned for good; the PostgreSQL sink's sweep did the same to
+    a file pipeline's attempt. Each sweeps the pipelines claimed for it."""
+    pg, files_zombie, pg_zombie = two_targets_with_zombies(pg_url, ledger, sink, freeze_windows, claimed=True)
+    assert sink.stale_attempts(timedelta(hours=1)) == [files_zombie]
+    assert pg.stale_attempts(timedelta(hours=1)) == [pg_zombie]
+    pg_tables = pg_staging(pg_url)
+    assert pg_zombie.staging in pg_tables
+    if first == "files":
+        assert sink.sweep(timedelta(hours=1)) == [files_zombie]
+        assert staging_dirs(root) == [] and attempt_state(pg_url, files_zombie)[0] == "aborted"
+        assert attempt_state(pg_url, pg_zombie)[0] == "open" and pg_staging(pg_url) == pg_tables  # survives
+        assert pg.sweep(timedelta(hours=1)) == [pg_zombie]
+    else:
+        assert pg.sweep(timedelta(hours=1)) == [pg_zombie]
+        assert pg_staging(pg_url) == [] and attempt_state(pg_url, pg_zombie)[0] == "aborted"
+        assert attempt_state(pg_url, files_zombie)[0] == "checkpointed"  # survives
+        assert staging_dirs(root) == [files_zombie.staging]
+        assert sink.sweep(timedelta(hours=1)) == [files_zombie]
+    assert staging_dirs(root) == [] and pg_staging(pg_url) == []
+    assert [attempt_state(pg_url, a) for a in (files_zombie, pg_zombie)] == [
+        ("aborted", "swept: live for longer than 1:00:00")] * 2
+    assert sink.sweep(timedelta(hours=1)) == [] and pg.sweep(timedelta(hours=1)) == []
+
+
+def test_the_cli_sweeps_each_claimed_target_with_its_own_sink(pg_url, root, sink, ledger, freeze_windows):
+    import io
+
+    from airflow_eos.cli import main
+
+    def run(*argv):
+        out = io.StringIO()
+        assert main(["sweep", "--older-than", "1h", "--postgres-url", pg_url, *argv], out=out) == 0
+        return out.getvalue()
+
+    pg, files_zombie, pg_zombie = two_targets_with_zombies(pg_url, ledger, sink, freeze_windows, claimed=True)
+    listed = run("--dry-run")
+    assert listed.startswith("would abort 2 attempt(s) opened before ")
+    assert [line.split()[-2:] for line in listed.splitlines()[3:]] == [
+        [files_zombie.staging, sink.target_id], [pg_zombie.staging, pg.target_id]]
+    assert run("--table", "other_table").startswith("nothing to sweep: no live attempt of target "
+                                                    "postgresql:public.other_table opened before ")
+    assert [attempt_state(pg_url, a)[0] for a in (files_zombie, pg_zombie)] == ["checkpointed", "open"]
+    swept = run()
+    assert swept.startswith("aborted 2 attempt(s) opened before ")
+    assert [line.split()[-1] for line in swept.splitlines()[3:]] == [sink.target_id, pg.target_id]
+    assert staging_dirs(root) == [] and pg_staging(pg_url) == []
+    assert run().startswith("nothing to sweep: no live attempt opened before ")
+
+
+def test_attempts_of_pipelines_claimed_for_no_target(pg_url, root, sink, ledger, freeze_windows):
+    """Pipelines planned without their target (a version before claims, a
+    hand-built plan operator without target=): the PostgreSQL sink sweeps
+    them, as before targets were told apart; the file sink sweeps only those
+    whose staging directory is under its root, never a PostgreSQL one."""
+    pg, files_zombie, pg_zombie = two_targets_with_zombies(pg_url, ledger, sink, freeze_windows, claimed=False)
+    pg_tables = pg_staging(pg_url)
+    assert sink.sweep(timedelta(hours=1)) == [files_zombie]
+    assert staging_dirs(root) == []
+    assert attempt_state(pg_url, pg_zombie)[0] == "open" and pg_staging(pg_url) == pg_tables  # survives
+    assert pg.sweep(timedelta(hours=1)) == [pg_zombie]
+    assert pg_staging(pg_url) == []
+
+    # The PostgreSQL sink takes an unclaimed file pipeline's attempt for its
+    # own; the file sink's sweep then deletes the staging of the ended attempt.
+    [plan] = freeze_windows(PIPELINE, [1])
+    zombie = stage(sink, plan, prepare=False)
+    execute(pg_url, "UPDATE eos.attempts SET opened_at = now() - interval '3 hours' WHERE state <> 'aborted'")
+    assert pg.sweep(timedelta(hours=1)) == [zombie]
+    assert staging_dirs(root) == [zombie.staging]
+    assert sink.sweep(timedelta(hours=1)) == [] and staging_dirs(root) == []
+
+
 # --------------------------------------------------------------------------- bad input
 
 

@@ -236,6 +236,17 @@ class PostgresTarget(TargetSpec, Sink):
         schema, table = parse_table_name(self.table)
         return "postgresql:" + ".".join(quoted_if_needed(part) for part in (schema or "public", table))
 
+    def sweeps_unclaimed(self, attempt: Attempt) -> bool:
+        """Yes: a pipeline claimed for no target (planned by a version before
+        claims, or without its target) is taken to publish into PostgreSQL, as
+        every pipeline was before targets were told apart; the sweep of any
+        PostgreSQL target aborts its stale attempts and drops their staging in
+        ``eos_staging``. In a ledger that also serves file targets, plan their
+        pipelines with their target (the operators do): an unclaimed file
+        pipeline's attempt swept here leaves its staging directory to the file
+        target's sweep, which deletes the staging of ended attempts."""
+        return True
+
     @property
     def exclusive(self) -> bool:
         """The table takes the windows of one pipeline only: in

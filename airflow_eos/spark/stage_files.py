@@ -1,0 +1,207 @@
+"""The stage job's path for a sink that takes files (``Sink.spark_output``):
+the window's rows written by Spark's own Parquet writer (JVM side, no Python
+hop per row), the dead letters counted and written beside them, then the
+checkpoint written by the driver. :func:`~airflow_eos.spark.stage.run_stage`
+calls :func:`stage_files` when the sink names an output."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_eos.core.attempt import Attempt
+from airflow_eos.core.errors import (
+    ConfigurationError,
+    EosError,
+    TargetError,
+)
+from airflow_eos.core.faults import fault_point
+from airflow_eos.core.sink import DEAD_LETTER_SCHEMA, Sink, SparkOutput
+from airflow_eos.core.windows import WindowPlan
+from airflow_eos.spark.kafka_source import read_plan
+from airflow_eos.spark.layout import RAW_COLUMNS, Layout, records_as_read, writer_input
+from airflow_eos.spark.stage_report import (
+    StageFailed,
+    StageReport,
+    _abort_quietly,
+    _attempt_state,
+    _failure,
+    _log_plan,
+    _make_active,
+    _report,
+)
+from airflow_eos.spark.stage_settings import (
+    REPORT_HOOK,
+    read_coverage,
+    report_options,
+)
+from airflow_eos.spark.stager import DEAD_LETTER_SAMPLES, TooManyBadRecords, too_many_message
+from airflow_eos.spark.staging_source import register
+from airflow_eos.spark.transform import load_transform
+from airflow_eos.spark.udf import ERROR_COLUMN
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("airflow_eos.spark.stage")
+
+
+# --------------------------------------------------------------------------- Spark's own writer
+
+
+def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink, output: SparkOutput,
+                kafka_config: Mapping[str, Any], transform, *, run: str, started: float,
+                max_records_per_task: int, max_bad_records: int,
+                read_options: Mapping[str, Any] | None) -> StageReport:
+    """Stage into a sink that takes files (``output``, see Sink.spark_output)
+    with Spark's own Parquet writer: the rows never pass through Python.
+
+    The window's records are read from Kafka once: when the transform can
+    mark dead letters (``eos_error``), its output is persisted, the dead
+    letters are counted (more than ``max_bad_records``: TooManyBadRecords, as
+    for the other sinks), then the good rows and the dead letters are written
+    from the persisted output. The checkpoint is written by the driver, after
+    both writes, with what the read tasks reported (read_coverage) and the
+    files the writes left (Sink.staged_chunks)."""
+    from pyspark.sql import functions as F
+
+    url = target.ledger.url
+    where = output.data
+    log.info("staging %s (run %s) into %s with Spark's Parquet writer: %d planned range(s), at most %d records, "
+             "max_bad_records=%d", attempt, run, where, len(plan.ranges), plan.max_records, max_bad_records)
+    _log_plan(plan)
+    try:
+        cleared = target.clear_writes(attempt)
+        if cleared:
+            log.info("%s: deleted %d file(s) an earlier run of the stage job left in its staging", attempt, cleared)
+        register(spark)
+        records = read_plan(spark, plan, kafka_config, max_records_per_task=max_records_per_task,
+                            report=REPORT_HOOK, report_options=report_options(url, attempt, run),
+                            **(read_options or {}))
+        fn = load_transform(transform)
+        out = records_as_read(records) if fn is None else fn(records)
+        if not hasattr(out, "write") or not hasattr(out, "columns"):
+            raise ConfigurationError(f"transform {transform!r} returned {type(out).__name__}, not a DataFrame")
+        rows, layout = _file_rows(out, output, target, strict=fn is not None)
+    except Exception as exc:
+        _abort_quietly(target, attempt, f"stage job run {run} failed before writing: {exc}")
+        raise
+    setup = time.perf_counter()
+    log.info("%s: set up in %.2fs; writing %d column(s) %s (read + transform + write, then the checkpoint)",
+             attempt, setup - started, len(layout.staged), list(layout.staged))
+    _make_active(spark)
+    persisted = None
+    try:
+        data, dead_count = rows, 0
+        if layout.error is not None:
+            persisted = rows.persist()  # read Kafka and transform once, for the count and both writes
+            dead_count = _count_dead_letters(persisted, layout, attempt, max_bad_records)
+            data = persisted.filter(F.col(layout.error).isNull())
+        data = data.select(*[_column(c) for c in layout.staged])
+        data.write.mode("append").parquet(output.data)
+        # The rows are in the staging, the dead letters and the checkpoint not yet
+        # (the same point as a write task's half-staged rows for the other sinks).
+        fault_point("stage.mid_write")
+        if dead_count:
+            _write_dead_letters(spark, persisted, layout, output, kafka_config)
+        written = time.perf_counter()
+        reported = read_coverage(url, attempt, run, plan)
+        chunks = target.staged_chunks(attempt)
+        target.checkpoint(attempt, [r for r, _ in reported], chunks)
+    except Exception as exc:
+        message, error = (f"{type(exc).__name__}: {exc}", type(exc).__name__) if isinstance(exc, EosError) \
+            else _failure(exc)
+        _abort_quietly(target, attempt, f"stage job run {run} failed: {message}")
+        state = _attempt_state(target, attempt)
+        raise StageFailed(f"the stage job of {attempt} failed ({state}): {message}", error=error) from exc
+    finally:
+        if persisted is not None:
+            persisted.unpersist()
+    finished = time.perf_counter()
+    report = _report(target, attempt, run, {"setup": setup - started, "job": written - setup,
+                                            "checkpoint": finished - written})
+    report.seconds["total"] = time.perf_counter() - started
+    log.info("%s", report)
+    for r in report.consumed:
+        log.info("  read %s [%d, %d): %d records", r.tp, r.start_offset, r.end_offset, r.records)
+    return report
+
+
+def _column(name: str):
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _file_rows(out: "DataFrame", output: SparkOutput, target: Sink, *, strict: bool) -> tuple["DataFrame", Layout]:
+    """The transform's output shaped for a sink that takes files: every column
+    is written, except ``eos_error``, the columns the sink gives readers itself
+    (``output.reserved``: dropped, with a warning) and, after a transform that
+    has both, ``key`` and ``value`` (the raw record, kept with a dead letter
+    only). Without a transform, the records as read are written whole."""
+    reserved = {c.lower() for c in output.reserved}
+    dropped = [c for c in out.columns if c.lower() in reserved]
+    if dropped:
+        log.warning("the transform's output has column(s) %s, which the target's partition directories give to "
+                    "readers: dropped from the rows", dropped)
+        out = out.drop(*dropped)
+    names = list(out.columns)
+    raw = [c for c in names if c.lower() in RAW_COLUMNS]
+    raw = set(raw) if strict and len(raw) == len(RAW_COLUMNS) else set()
+    staged = [c for c in names if c.lower() != ERROR_COLUMN and c not in raw]
+    if not staged:
+        raise ConfigurationError(f"the transform's output has no column to write (it has {names})")
+    return writer_input(out, staged, target.not_null_columns(staged), table=output.data, strict=strict)
+
+
+def _count_dead_letters(rows: "DataFrame", layout: Layout, attempt: Attempt, max_bad_records: int) -> int:
+    """The dead letters among ``rows`` (one Spark job over the persisted
+    output); TooManyBadRecords over ``max_bad_records``, a TargetError for a
+    dead letter that cannot name its record."""
+    from pyspark.sql import functions as F
+
+    topic, partition, offset = layout.lineage
+    bad = rows.filter(F.col(layout.error).isNotNull())
+    no_lineage = F.when(F.col(topic).isNull() | F.col(partition).isNull() | F.col(offset).isNull(), 1)
+    count, unnamed = bad.agg(F.count(F.lit(1)), F.count(no_lineage)).first()
+    if unnamed:
+        raise TargetError(f"{attempt}: {unnamed} dead letter(s) have null lineage ({topic}, {partition}, {offset}): "
+                          "a dead letter must name its source record")
+    if count > max_bad_records:
+        samples = [tuple(r) for r in bad.select(
+            F.col(topic).cast("string"), F.col(partition).cast("int"), F.col(offset).cast("long"),
+            F.col(layout.error)).orderBy(topic, partition, offset).limit(DEAD_LETTER_SAMPLES).collect()]
+        raise TooManyBadRecords(too_many_message(attempt, max_bad_records, count, samples, "the job"))
+    if count:
+        log.info("%s: %d dead letter(s) (max_bad_records=%d)", attempt, count, max_bad_records)
+    return count
+
+
+def _write_dead_letters(spark: "SparkSession", rows: "DataFrame", layout: Layout, output: SparkOutput,
+                        kafka_config: Mapping[str, Any]) -> None:
+    """The dead letters of ``rows`` as Parquet into ``output.dead_letters``
+    (DEAD_LETTER_SCHEMA), in one file. Their raw key and value come from the
+    transform's ``key`` and ``value``; without those, they are read back from
+    Kafka by lineage on the driver (at most max_bad_records records)."""
+    from pyspark.sql import functions as F
+
+    topic, partition, offset = layout.lineage
+    lineage = [F.col(topic).cast("string").alias("topic"), F.col(partition).cast("int").alias("partition"),
+               F.col(offset).cast("long").alias("offset"), F.col(layout.error).alias("error")]
+    bad = rows.filter(F.col(layout.error).isNotNull())
+    schema = ", ".join(f"`{name}` {kind}" for name, kind in DEAD_LETTER_SCHEMA)
+    if layout.raw is not None:
+        dead = bad.select(*lineage, F.col(layout.raw[0]).alias("key"), F.col(layout.raw[1]).alias("value"))
+    else:
+        from airflow_eos.spark.kafka_ranges import read_records
+
+        letters = [tuple(r) for r in bad.select(*lineage).collect()]
+        by_partition: dict[tuple[str, int], list[int]] = {}
+        for t, p, o, _ in letters:
+            by_partition.setdefault((t, p), []).append(o)
+        raw = {(t, p): read_records(kafka_config, t, p, offsets) for (t, p), offsets in by_partition.items()}
+        dead = spark.createDataFrame([(t, p, o, e, *raw[(t, p)][o]) for t, p, o, e in letters], schema)
+    dead.select(*[_column(name) for name, _ in DEAD_LETTER_SCHEMA]).coalesce(1).write.mode("append").parquet(
+        output.dead_letters)

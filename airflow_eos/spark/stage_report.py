@@ -1,0 +1,152 @@
+"""What a run of the stage job reports (StageReport, StageFailed), and the
+driver's helpers both of its paths share (:mod:`~airflow_eos.spark.stage`, the
+``eos_staging`` writer; :mod:`~airflow_eos.spark.stage_files`, Spark's own
+Parquet writer): the plan's log lines, making the session active, aborting
+after a failure, and the report read back from the checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from airflow_eos.core import attempt as attempts
+from airflow_eos.core.attempt import Attempt, ConsumedRange
+from airflow_eos.core.errors import (
+    EosError,
+)
+from airflow_eos.core.sink import Sink
+from airflow_eos.core.windows import WindowPlan
+from airflow_eos.spark.stage_settings import (
+    load_read_ranges,
+)
+from airflow_eos.spark.udf import MAX_ERROR_CHARS
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("airflow_eos.spark.stage")
+
+
+class StageFailed(EosError):
+    """The Spark stage job failed. ``error`` names the underlying error's class
+    (e.g. ``AttemptFenced``, ``TooManyBadRecords``) when it is one of ours."""
+
+    def __init__(self, message: str, *, error: str | None = None):
+        super().__init__(message)
+        self.error = error
+
+
+# --------------------------------------------------------------------------- driver
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """What one run of the stage job did, as checkpointed."""
+
+    attempt: Attempt
+    run: str
+    consumed: tuple[ConsumedRange, ...]  # per planned partition: offsets read and records in them
+    records_read: int
+    rows_staged: int
+    dead_letters: int
+    chunks: int
+    checksum: str
+    read_tasks: int
+    read_seconds: float  # summed over read tasks, which run in parallel
+    seconds: Mapping[str, float] = field(default_factory=dict)  # phase -> wall seconds on the driver
+
+    def to_dict(self) -> dict:
+        return {
+            "attempt": self.attempt.to_dict(), "run": self.run,
+            "consumed": [dataclasses.asdict(r) for r in self.consumed],
+            "records_read": self.records_read, "rows_staged": self.rows_staged, "dead_letters": self.dead_letters,
+            "chunks": self.chunks, "checksum": self.checksum, "read_tasks": self.read_tasks,
+            "read_seconds": round(self.read_seconds, 3),
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+        }
+
+    def __str__(self) -> str:
+        job = self.seconds.get("job", 0.0)
+        rate = f" ({self.records_read / job:,.0f} records/s)" if job > 0 else ""
+        phases = ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items())
+        return (f"{self.attempt} checkpointed: {self.records_read} records read from {len(self.consumed)} "
+                f"partition(s) by {self.read_tasks} read task(s), {self.rows_staged} rows staged, "
+                f"{self.dead_letters} dead letters, {self.chunks} chunk(s){rate}; {phases}")
+
+
+def _failure(exc: BaseException) -> tuple[str, str | None]:
+    """The cause of a failed Spark job as a person needs it: our error's class
+    and message, found in the Python traceback Spark wraps it in."""
+    names: set[str] = set()
+    todo = [EosError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    text = str(exc)
+    pattern = re.compile(r"^(?:[\w.]+\.)?(" + "|".join(sorted(names)) + r"): (.*)$", re.M)
+    match = pattern.search(text)
+    if match is None:
+        python = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.*)$", text, re.M)
+        if python:
+            return f"{python[-1][0]}: {python[-1][1]}", None
+        return text[:MAX_ERROR_CHARS], None
+    lines = [match.group(2)]
+    for line in text[match.end():].splitlines()[1:]:
+        if not line.startswith("  ") or line.startswith("  File "):
+            break
+        lines.append(line)
+    return f"{match.group(1)}: " + "\n".join(lines), match.group(1)
+
+
+def _log_plan(plan: WindowPlan) -> None:
+    for r in plan.ranges:
+        log.info("  planned %s [%d, %d): %d offsets", r.tp, r.start_offset, r.end_offset, r.width)
+
+
+def _make_active(spark: "SparkSession") -> None:
+    """Spark finds a Python data source to write to through the JVM thread's
+    *active* session, which only the thread that built the session has: from any
+    other thread (two windows staged at once in one process) the write would fail
+    with DATA_SOURCE_NOT_FOUND."""
+    jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
+    if jvm is not None and jsession is not None:
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
+
+
+def _abort_quietly(target: Sink, attempt: Attempt, reason: str) -> None:
+    try:
+        target.abort(attempt, reason[:MAX_ERROR_CHARS])
+    except Exception as exc:  # noqa: BLE001 - the original failure matters more; the abort task retries
+        log.warning("could not abort %s after its failure: %s", attempt, exc)
+
+
+def _attempt_state(target: Sink, attempt: Attempt) -> str:
+    try:
+        with target.ledger.connect() as conn:
+            status = attempts.load_status(conn, attempt)
+    except Exception as exc:  # noqa: BLE001 - only for the message
+        return f"attempt state unknown: {exc}"
+    if status.state == attempts.ABORTED:
+        return "attempt aborted, staging dropped"
+    return f"attempt {status.state}"
+
+
+def _report(target: Sink, attempt: Attempt, run: str, seconds: dict[str, float]) -> StageReport:
+    with target.ledger.connect() as conn:
+        status = attempts.load_status(conn, attempt)
+        checkpoint = attempts.load_checkpoint(conn, attempt)
+    if status.state not in (attempts.CHECKPOINTED, attempts.PREPARED, attempts.COMMITTED):
+        raise StageFailed(f"the stage job of {attempt} finished but the attempt is {status.state}, "
+                          "not checkpointed", error=None)
+    reads = load_read_ranges(target.ledger.url, attempt, run)
+    return StageReport(
+        attempt=attempt, run=run, consumed=checkpoint.ranges,
+        records_read=sum(r.records for r in checkpoint.ranges), rows_staged=checkpoint.row_count,
+        dead_letters=checkpoint.dead_letter_count, chunks=len(checkpoint.chunks), checksum=checkpoint.checksum,
+        read_tasks=len(reads), read_seconds=sum(s for _, s in reads), seconds=seconds,
+    )

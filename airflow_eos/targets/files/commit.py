@@ -1,0 +1,352 @@
+"""The file target's commit: the decision (one ledger transaction) and the
+publication (moving the files into place, idempotent, finished by whoever
+comes next). A mixin of :class:`~airflow_eos.targets.files.sink.FileSink`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_eos.core import attempt as attempts
+from airflow_eos.core.attempt import COMMITTED, Attempt
+from airflow_eos.core.errors import NotPrepared, TargetError
+from airflow_eos.core.faults import fault_point
+from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED, CommitResult
+from airflow_eos.core.windows import to_utc
+from airflow_eos.targets.files import fs
+from airflow_eos.targets.files.staging import ManifestFile
+from airflow_eos.targets.files.writer import COMMIT_FILE, DEAD_LETTER_COLUMNS, PUBLISH, StagedFile, read_footer
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger(__name__)
+
+log = logging.getLogger(__name__)
+
+COMMIT_FORMAT = "airflow-eos/files/1"
+LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
+# publication states (eos.publications, migration 7)
+DECIDED = "decided"
+PUBLISHED_STATE = "published"
+SUPERSEDED = "superseded"
+
+# How the files of a decided window reached their place (FileSink.publish).
+RENAMED = "renamed"  # the staging became the partition directory
+EXCHANGED = "exchanged"  # the staging was swapped with the window's older partition (replace)
+COMPLETE = "complete"  # the partition already held this attempt: nothing to do
+SUPERSEDED_HOW = "superseded"  # another attempt committed the window since: this one is never published
+
+
+class FileCommit:
+    """Commit of :class:`~airflow_eos.targets.files.sink.FileSink`: the
+    decision, the publication, and finishing decided publications."""
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self, attempt: Attempt) -> CommitResult:
+        """Commit a prepared attempt: a two-phase commit.
+
+        1. **The decision**, one ledger transaction: lock the window row, then
+           the attempt's; this attempt committed before → skip to 2; the window
+           committed by another attempt → ``skip`` (this attempt is aborted, its
+           staging deleted; reported) or ``replace``; check the attempt is
+           prepared and holds the current epoch; check every manifest file is
+           in the staging with its size and rows; put the dead letters in
+           ``eos.dead_letters``; mark the window committed with the pipeline's
+           offsets; record the publication as *decided*. Nothing is visible to
+           readers yet, and from here on the window is committed.
+        2. **The publication** (:meth:`publish`), idempotent, under the window's
+           row lock: write ``_eos_commit.json`` into the staging's ``publish/``,
+           then rename it to the window's partition directory (``replace``:
+           swap it with the old one in one atomic exchange) and mark the
+           publication *published*; then delete what is left of the staging.
+        3. Finish any other decided publication of this root (a commit that
+           died between 1 and 2).
+
+        A retry after a crash anywhere: before the decision's commit nothing
+        happened; after it, 2 finishes the publication — the destination
+        complete → nothing to do, the staging complete → rename, neither → a
+        loud error naming both. The decision is the commit: only the call that
+        made it reports PUBLISHED (REPLACED); a retry or a racing call reports
+        ALREADY_COMMITTED, and logs it if it finished the publication.
+        """
+        started = time.monotonic()
+        decided = self.decide(attempt)
+        if isinstance(decided, CommitResult):  # skipped
+            self._remove_staging(attempt)
+            # The attempt that committed the window may be decided and not yet
+            # published (its commit died after the decision): a clear's commit
+            # is a later commit of the pipeline, and finishes it.
+            self.finish_pending()
+            return decided
+        replaced_rows, replacing, committed_before = decided
+        fault_point("commit.after_decision")
+        how = self.publish(attempt)
+        with self.ledger.connect() as conn, conn.transaction():
+            status = attempts.load_status(conn, attempt)
+            offsets = attempts.load_offsets(conn, attempt.pipeline)
+        # The decision is the commit: the call that made it reports PUBLISHED or
+        # REPLACED; every other call (a retry, a racing commit) ALREADY_COMMITTED,
+        # also when it is the one that moved the files into place (logged).
+        outcome = ALREADY_COMMITTED if committed_before else REPLACED if replacing else PUBLISHED
+        if committed_before and how in (RENAMED, EXCHANGED):
+            log.info("%s: committed before; this call finished its publication (%s)", attempt, how)
+        result = CommitResult(attempt, outcome, status.committed_epoch, status.published_rows,
+                              status.dead_letter_rows, replaced_rows, offsets, time.monotonic() - started)
+        log.info("%s (%s, %s)", result, how, self.partition_dir(attempt))
+        self.finish_pending()
+        return result
+
+    def decide(self, attempt: Attempt) -> CommitResult | tuple[int, bool, bool]:
+        """Step 1 of :meth:`commit`, the decision. Returns the SKIPPED result,
+        or (rows replaced, replacing, committed before)."""
+        with self.ledger.connect() as conn, conn.transaction():
+            status = attempts.load_status(conn, attempt, lock=True)
+            if status.state == COMMITTED:
+                replaces = conn.execute(
+                    "SELECT replaces FROM eos.publications WHERE pipeline = %s AND window_start = %s AND epoch = %s",
+                    (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
+                return 0, bool(replaces and replaces[0] is not None), True
+            replacing = status.window_state == COMMITTED
+            if replacing and self.on_committed == "skip":
+                attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch};"
+                                                     " on_committed='skip'")
+                result = CommitResult(attempt, SKIPPED, status.committed_epoch, status.published_rows,
+                                      status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
+                log.info("%s", result)
+                return result
+            attempts.check_committable(attempt, status)
+            checkpoint = attempts.load_checkpoint(conn, attempt)
+            manifest = self._load_manifest(conn, attempt)
+            problems = self._manifest_problems(attempt, checkpoint, manifest)
+            if problems:
+                raise NotPrepared(f"cannot commit {attempt}: its staging no longer holds what it checkpointed; "
+                                  "nothing published, stage the window again:\n  " + "\n  ".join(problems),
+                                  missing=problems)
+            dead = self._read_dead_letters(attempt, manifest)
+            fault_point("commit.before_publish")
+            replaced = 0
+            if replacing:
+                conn.execute("DELETE FROM eos.dead_letters WHERE pipeline = %s AND window_start = %s",
+                             (attempt.pipeline, attempt.window_start))
+                replaced = status.published_rows or 0
+            with conn.cursor() as cur, cur.copy(
+                    'COPY eos.dead_letters (pipeline, window_start, epoch, topic, partition, "offset", error, key,'
+                    " value) FROM STDIN") as copy:
+                for record in dead:
+                    copy.write_row((attempt.pipeline, attempt.window_start, attempt.epoch, *record))
+            attempts.mark_committed(conn, attempt, checkpoint.row_count, len(dead))
+            schema = next((f.schema for f in self._sealed_data(attempt, manifest)), None)
+            conn.execute(
+                "INSERT INTO eos.publications (pipeline, window_start, epoch, target, location, schema, replaces)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (attempt.pipeline, attempt.window_start, attempt.epoch, self.target_id, self.partition_path(attempt),
+                 schema, status.committed_epoch if replacing else None))
+        log.info("%s: decided (committed in the ledger with its offsets); publishing %s", attempt,
+                 self.partition_dir(attempt))
+        return replaced, replacing, False
+
+    def _sealed_data(self, attempt: Attempt, manifest: Sequence[ManifestFile]) -> Iterable[StagedFile]:
+        for m in manifest:
+            if m.kind == "data":
+                _, schema = read_footer(os.path.join(self.staging_dir(attempt), m.path))
+                yield StagedFile(m.kind, os.path.dirname(m.path), m.name, m.bytes, m.rows, schema)
+
+    def _read_dead_letters(self, attempt: Attempt, manifest: Sequence[ManifestFile]) -> list[tuple]:
+        import pyarrow.parquet as pq
+        dead = []
+        for m in manifest:
+            if m.kind != "dead_letters":
+                continue
+            table = pq.read_table(os.path.join(self.staging_dir(attempt), m.path), columns=list(DEAD_LETTER_COLUMNS))
+            for r in table.to_pylist():
+                dead.append(tuple(r[c] for c in DEAD_LETTER_COLUMNS))
+        return dead
+
+    # ------------------------------------------------------------------ publish (idempotent)
+
+    def publish(self, attempt: Attempt) -> str:
+        """Step 2 of :meth:`commit`: move a decided attempt's files into place,
+        idempotently, holding the window's row lock (a replace deciding
+        meanwhile waits, so two publications of one window never race).
+        Returns how (RENAMED, EXCHANGED, COMPLETE, SUPERSEDED_HOW)."""
+        with self.ledger.connect() as conn, conn.transaction():
+            window = conn.execute(
+                "SELECT committed_epoch FROM eos.windows WHERE pipeline = %s AND window_start = %s FOR UPDATE",
+                (attempt.pipeline, attempt.window_start)).fetchone()
+            publication = conn.execute(
+                "SELECT state, location FROM eos.publications WHERE pipeline = %s AND window_start = %s"
+                " AND epoch = %s FOR UPDATE", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
+            if window is None or publication is None:
+                raise TargetError(f"{attempt} was never decided (no publication in the ledger): nothing to publish")
+            state, location = publication
+            if state == PUBLISHED_STATE:
+                how = COMPLETE
+            elif state == SUPERSEDED or window[0] != attempt.epoch:
+                how = SUPERSEDED_HOW
+                self._set_publication(conn, attempt, SUPERSEDED)
+            else:
+                doc = self._commit_document(conn, attempt, location)
+                how = self._move_into_place(attempt, location, doc)
+                self._set_publication(conn, attempt, PUBLISHED_STATE)
+        if how == SUPERSEDED_HOW:
+            log.info("%s: the window was committed by a newer attempt since; this one is never published", attempt)
+        elif how == COMPLETE:
+            log.info("%s: %s holds it already; nothing to do", attempt, os.path.join(self.root, location))
+        self._remove_staging(attempt)
+        fs.remove_tree(os.path.join(self.trash_root, attempt.staging))
+        return how
+
+    @staticmethod
+    def _set_publication(conn: psycopg.Connection, attempt: Attempt, state: str) -> None:
+        conn.execute("UPDATE eos.publications SET state = %s, published_at = CASE WHEN %s = 'published' THEN now()"
+                     " END WHERE pipeline = %s AND window_start = %s AND epoch = %s",
+                     (state, state, attempt.pipeline, attempt.window_start, attempt.epoch))
+
+    def _commit_document(self, conn: psycopg.Connection, attempt: Attempt, location: str) -> dict[str, Any]:
+        manifest = [m for m in self._load_manifest(conn, attempt) if m.kind == "data"]
+        plan = self.ledger.load_plan(conn, attempt.window)
+        dead = conn.execute("SELECT dead_letter_rows FROM eos.windows WHERE pipeline = %s AND window_start = %s",
+                            (attempt.pipeline, attempt.window_start)).fetchone()[0]
+        return {
+            "format": COMMIT_FORMAT, "pipeline": attempt.pipeline,
+            "window_start": attempt.window_start.isoformat(), "window_end": attempt.window_end.isoformat(),
+            "epoch": attempt.epoch, "partition": location,
+            "files": [{"name": m.name, "bytes": m.bytes, "rows": m.rows} for m in manifest],
+            "rows": sum(m.rows for m in manifest), "dead_letters": dead,
+            "offsets": [{"topic": r.topic, "partition": r.partition, "start_offset": r.start_offset,
+                         "end_offset": r.end_offset} for r in (plan.ranges if plan else ())],
+        }
+
+    def _move_into_place(self, attempt: Attempt, location: str, doc: Mapping[str, Any]) -> str:
+        """The file operations of a publication, each safe to repeat after a
+        crash before, between or after them."""
+        source = os.path.join(self.staging_dir(attempt), PUBLISH)
+        destination = os.path.join(self.root, location)
+        there = self.read_partition(destination, attempt)
+        if there is not None and there["epoch"] > attempt.epoch:
+            raise TargetError(f"{destination} holds attempt {there['epoch']} of the window, newer than {attempt}, "
+                              "which the ledger says is the committed one; it is left as it is")
+        if there is not None and there["epoch"] == attempt.epoch:
+            missing = self._files_missing(destination, there)
+            if missing:
+                raise TargetError(f"{destination} was published by {attempt} but lacks {', '.join(missing)}: "
+                                  "someone removed published files; replace the window (on_committed='replace')")
+            return COMPLETE
+        if not os.path.isdir(source) or self._files_missing(source, doc):
+            found = (f"holds attempt {there['epoch']}" if there is not None else "does not exist")
+            raise TargetError(
+                f"cannot publish {attempt}: neither its partition {destination} ({found}) nor its staging {source} "
+                f"is complete ({', '.join(self._files_missing(source, doc)) or 'missing'}); the window is committed in "
+                "the ledger but its files are lost: restore them, or replace the window by a new run with "
+                "on_committed='replace'")
+        self.write_commit_file(source, doc)
+        if there is None:
+            os.makedirs(os.path.dirname(destination), exist_ok=True)
+            try:
+                fs.rename_noreplace(source, destination)
+            except FileExistsError:  # it appeared since read_partition: check it again, never overwrite
+                self.read_partition(destination, attempt)
+                raise TargetError(f"{destination} appeared while publishing {attempt}; retry the commit") from None
+            fs.fsync_dir(os.path.dirname(destination))
+            fault_point("commit.after_rename")
+            log.info("%s: published %s", attempt, destination)
+            return RENAMED
+        try:
+            fs.rename_exchange(source, destination)
+        except fs.RenameUnsupported as exc:
+            raise TargetError(
+                f"cannot replace {destination} atomically: {exc.strerror}. on_committed='replace' needs Linux's "
+                "renameat2(RENAME_EXCHANGE) on a file system that supports it (ext4, xfs, btrfs, tmpfs); two "
+                "renames would leave readers a moment without the window, so nothing was changed") from exc
+        fs.fsync_dir(os.path.dirname(destination))
+        fs.fsync_dir(os.path.dirname(source))
+        fault_point("commit.after_rename")
+        # The old version now sits where the staging was: out of the way, then deleted.
+        os.makedirs(self.trash_root, exist_ok=True)
+        old = os.path.join(self.trash_root, attempt.staging)
+        fs.remove_tree(old)
+        os.rename(source, old)
+        log.info("%s: replaced attempt %s's files in %s in one atomic exchange", attempt, there["epoch"],
+                 destination)
+        return EXCHANGED
+
+    @staticmethod
+    def write_commit_file(directory: str, doc: Mapping[str, Any]) -> None:
+        path = os.path.join(directory, COMMIT_FILE)
+        data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+        try:
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    return
+        except FileNotFoundError:
+            pass
+        fs.write_atomically(path, data)
+
+    @staticmethod
+    def _files_missing(directory: str, doc: Mapping[str, Any]) -> list[str]:
+        missing = []
+        for f in doc["files"]:
+            try:
+                size = os.stat(os.path.join(directory, f["name"])).st_size
+            except FileNotFoundError:
+                missing.append(f["name"])
+                continue
+            if size != f["bytes"]:
+                missing.append(f"{f['name']} ({size} bytes, not {f['bytes']})")
+        return missing
+
+    def read_partition(self, directory: str, attempt: Attempt) -> dict[str, Any] | None:
+        """The commit manifest of the window's partition directory; None if
+        there is no such directory. A directory this pipeline did not write
+        for this window (no manifest, or another's) is never touched: a
+        TargetError says what is there."""
+        if not os.path.lexists(directory):
+            return None
+        foreign = (f"{directory} exists but was not published by pipeline {attempt.pipeline!r} for window "
+                   f"{attempt.window_start.isoformat()}")
+        advice = ("it is never overwritten: move it away (or choose another root or layout), then retry the commit; "
+                  "the window stays committed in the ledger and is published by that retry")
+        if not os.path.isdir(directory) or os.path.islink(directory):
+            raise TargetError(f"{foreign}: it is not a directory; {advice}")
+        try:
+            with open(os.path.join(directory, COMMIT_FILE), "rb") as f:
+                doc = json.loads(f.read())
+        except FileNotFoundError:
+            raise TargetError(f"{foreign}: it has no {COMMIT_FILE}; {advice}") from None
+        except ValueError as exc:
+            raise TargetError(f"{foreign}: its {COMMIT_FILE} is unreadable ({exc}); {advice}") from None
+        if (doc.get("format") != COMMIT_FORMAT or doc.get("pipeline") != attempt.pipeline
+                or to_utc(doc.get("window_start")) != attempt.window_start):
+            raise TargetError(f"{foreign}: its {COMMIT_FILE} names pipeline {doc.get('pipeline')!r}, window "
+                              f"{doc.get('window_start')}; {advice}")
+        return doc
+
+    def finish_pending(self) -> list[Attempt]:
+        """Publish every decided, unpublished window of this root (a commit
+        that died after its decision). Returns those finished; one that cannot
+        be finished now is logged loudly and left for the next commit, its own
+        retry or the sweep."""
+        with self.ledger.connect() as conn, conn.transaction():
+            rows = conn.execute(
+                "SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table FROM eos.publications p"
+                " JOIN eos.attempts a USING (pipeline, window_start, epoch) JOIN eos.windows w USING (pipeline,"
+                " window_start) WHERE p.target = %s AND p.state = 'decided' ORDER BY p.decided_at",
+                (self.target_id,)).fetchall()
+        finished = []
+        for row in rows:
+            pending = Attempt(*row)
+            try:
+                how = self.publish(pending)
+            except Exception as exc:  # noqa: BLE001 - one stuck window must not stop the others
+                log.error("%s is committed but not published yet: %s", pending, exc)
+                continue
+            if how in (RENAMED, EXCHANGED):
+                log.info("%s: finished its publication (%s), decided by an earlier commit", pending, how)
+                finished.append(pending)
+        return finished
