@@ -126,7 +126,7 @@ from airflow_eos.core.errors import (
 )
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.windows import WindowPlan
-from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK, read_plan
+from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK
 from airflow_eos.spark.layout import Layout, records_as_read, writer_input
 from airflow_eos.spark.stage_files import stage_files
 from airflow_eos.spark.stage_report import (
@@ -138,11 +138,11 @@ from airflow_eos.spark.stage_report import (
     _log_plan,
     _make_active,
     _report,
+    read_transformed,
 )
 from airflow_eos.spark.stage_settings import (
     DEFAULT_ROWS_PER_CHUNK,
     FORMAT_NAME,
-    REPORT_HOOK,
     StageSettings,
     report_options,
     report_read,
@@ -229,14 +229,8 @@ def run_stage(
     try:
         staging = target.writer(attempt)
         not_null = target.not_null_columns(staging.columns)
-        register(spark)
-        records = read_plan(spark, plan, kafka_config, max_records_per_task=max_records_per_task,
-                            report=REPORT_HOOK, report_options=report_options(url, attempt, run),
-                            **(read_options or {}))
-        fn = load_transform(transform)
-        out = records_as_read(records) if fn is None else fn(records)
-        if not hasattr(out, "write") or not hasattr(out, "columns"):
-            raise ConfigurationError(f"transform {transform!r} returned {type(out).__name__}, not a DataFrame")
+        out, fn = read_transformed(spark, plan, kafka_config, transform, url=url, attempt=attempt, run=run,
+                                   max_records_per_task=max_records_per_task, read_options=read_options)
         rows, layout = writer_input(out, staging.columns, not_null, table=target.table, strict=fn is not None)
         settings = StageSettings(target, attempt, plan, run, layout, max_bad_records, rows_per_chunk,
                                  kafka_config=kafka_config)

@@ -20,8 +20,7 @@ from airflow_eos.core.errors import (
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import DEAD_LETTER_SCHEMA, Sink, SparkOutput
 from airflow_eos.core.windows import WindowPlan
-from airflow_eos.spark.kafka_source import read_plan
-from airflow_eos.spark.layout import RAW_COLUMNS, Layout, records_as_read, writer_input
+from airflow_eos.spark.layout import RAW_COLUMNS, Layout, writer_input
 from airflow_eos.spark.stage_report import (
     StageFailed,
     StageReport,
@@ -31,15 +30,12 @@ from airflow_eos.spark.stage_report import (
     _log_plan,
     _make_active,
     _report,
+    read_transformed,
 )
 from airflow_eos.spark.stage_settings import (
-    REPORT_HOOK,
     read_coverage,
-    report_options,
 )
 from airflow_eos.spark.stager import DEAD_LETTER_SAMPLES, TooManyBadRecords, too_many_message
-from airflow_eos.spark.staging_source import register
-from airflow_eos.spark.transform import load_transform
 from airflow_eos.spark.udf import ERROR_COLUMN
 
 if TYPE_CHECKING:
@@ -76,14 +72,8 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
         cleared = target.clear_writes(attempt)
         if cleared:
             log.info("%s: deleted %d file(s) an earlier run of the stage job left in its staging", attempt, cleared)
-        register(spark)
-        records = read_plan(spark, plan, kafka_config, max_records_per_task=max_records_per_task,
-                            report=REPORT_HOOK, report_options=report_options(url, attempt, run),
-                            **(read_options or {}))
-        fn = load_transform(transform)
-        out = records_as_read(records) if fn is None else fn(records)
-        if not hasattr(out, "write") or not hasattr(out, "columns"):
-            raise ConfigurationError(f"transform {transform!r} returned {type(out).__name__}, not a DataFrame")
+        out, fn = read_transformed(spark, plan, kafka_config, transform, url=url, attempt=attempt, run=run,
+                                   max_records_per_task=max_records_per_task, read_options=read_options)
         rows, layout = _file_rows(out, output, target, strict=fn is not None)
     except Exception as exc:
         _abort_quietly(target, attempt, f"stage job run {run} failed before writing: {exc}")

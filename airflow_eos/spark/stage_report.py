@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, ConsumedRange
-from airflow_eos.core.errors import (
-    EosError,
-)
+from airflow_eos.core.errors import ConfigurationError, EosError
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.stage_settings import (
@@ -150,3 +148,25 @@ def _report(target: Sink, attempt: Attempt, run: str, seconds: dict[str, float])
         dead_letters=checkpoint.dead_letter_count, chunks=len(checkpoint.chunks), checksum=checkpoint.checksum,
         read_tasks=len(reads), read_seconds=sum(s for _, s in reads), seconds=seconds,
     )
+
+
+def read_transformed(spark: "SparkSession", plan: WindowPlan, kafka_config: Mapping, transform, *, url: str,
+                     attempt: Attempt, run: str, max_records_per_task: int, read_options: Mapping | None):
+    """The window's records as the stage job reads them (exactly the plan, each
+    read task reporting what it consumed) with the transform applied: (the
+    output DataFrame, the loaded transform or None). Shared by both writers."""
+    from airflow_eos.spark.kafka_source import read_plan
+    from airflow_eos.spark.layout import records_as_read
+    from airflow_eos.spark.stage_settings import REPORT_HOOK, report_options
+    from airflow_eos.spark.staging_source import register
+    from airflow_eos.spark.transform import load_transform
+
+    register(spark)
+    records = read_plan(spark, plan, kafka_config, max_records_per_task=max_records_per_task,
+                        report=REPORT_HOOK, report_options=report_options(url, attempt, run), **(read_options or {}))
+    fn = load_transform(transform)
+    out = records_as_read(records) if fn is None else fn(records)
+    if not hasattr(out, "write") or not hasattr(out, "columns"):
+        raise ConfigurationError(f"transform {transform!r} returned {type(out).__name__}, not a DataFrame")
+    return out, fn
+
