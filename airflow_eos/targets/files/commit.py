@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long a replaced window's old version outlives the exchange (see publish).
+OLD_VERSION_GRACE_S = 2.0
+
 log = logging.getLogger(__name__)
 
 COMMIT_FORMAT = "airflow-eos/files/1"
@@ -198,6 +201,14 @@ class FileCommit:
             log.info("%s: the window was committed by a newer attempt since; this one is never published", attempt)
         elif how == COMPLETE:
             log.info("%s: %s holds it already; nothing to do", attempt, os.path.join(self.root, location))
+        swapped_out = [os.path.join(self.trash_root, attempt.staging),
+                       os.path.join(self.staging_dir(attempt), PUBLISH)]
+        if any(os.path.isfile(os.path.join(d, COMMIT_FILE)) for d in swapped_out):
+            # A replaced version: a reader that opened its directory just before the exchange may still be
+            # listing it; deleting it under that listing would show the reader a partial (or empty) window
+            # instead of "file not found". Give in-flight listings time to end first. A grace narrows the
+            # race, it does not close it: deleting old versions only in the sweep, after a retention, would.
+            time.sleep(OLD_VERSION_GRACE_S)
         self._remove_staging(attempt)
         fs.remove_tree(os.path.join(self.trash_root, attempt.staging))
         return how
