@@ -15,7 +15,7 @@ from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt
 from airflow_eos.core.errors import NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED, CommitResult
+from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, skip_committed
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files import fs
 from airflow_eos.targets.files.staging import ManifestFile
@@ -117,12 +117,7 @@ class FileCommit:
                 return 0, bool(replaces and replaces[0] is not None), True
             replacing = status.window_state == COMMITTED
             if replacing and self.on_committed == "skip":
-                attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch};"
-                                                     " on_committed='skip'")
-                result = CommitResult(attempt, SKIPPED, status.committed_epoch, status.published_rows,
-                                      status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
-                log.info("%s", result)
-                return result
+                return skip_committed(conn, attempt, status)
             attempts.check_committable(attempt, status)
             checkpoint = attempts.load_checkpoint(conn, attempt)
             manifest = self._load_manifest(conn, attempt)
