@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt
+from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, skip_committed
@@ -115,7 +116,7 @@ class FileCommit:
                     "SELECT replaces FROM eos.publications WHERE pipeline = %s AND window_start = %s AND epoch = %s",
                     (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
                 return 0, bool(replaces and replaces[0] is not None), True
-            replacing = status.window_state == COMMITTED
+            replacing = status.window_state == WindowState.COMMITTED
             if replacing and self.on_committed == "skip":
                 return skip_committed(conn, attempt, status)
             attempts.check_committable(attempt, status)
