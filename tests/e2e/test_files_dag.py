@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
@@ -221,6 +222,9 @@ def test_clearing_a_committed_window_with_replace_swaps_its_directory(airflow_co
     second = {e.name for e in os.scandir(partition)}
     assert first & second == {"_eos_commit.json"}  # every data file is the new attempt's
     assert sql(pg_url, "SELECT committed_epoch FROM eos.windows") == [(2,)]
-    assert staging_left(root) == [] and os.listdir(root / "_eos_trash") == []
+    assert staging_left(root) == []
+    (kept,) = os.listdir(root / "_eos_trash")  # the old version, kept its retention for readers still listing it
+    assert {e.name for e in os.scandir(root / "_eos_trash" / kept)} == first
+    assert FileTarget(path=str(root), ledger_url=pg_url).sink().delete_expired_trash(now=time.time() + 600) == [kept]
     audit(pg_url, kafka_config, root, pipeline="orders_files_replace")
     assert_published_exactly(spark, pg_url, root, pipeline="orders_files_replace")

@@ -893,14 +893,25 @@ def _postgres_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
 
 
 def _file_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
-    """Anything in the root's staging and trash (the root is the pipeline's
-    alone), a temporary file anywhere, and a publication decided but never
-    finished."""
+    """Anything in the root's staging (the root is the pipeline's alone), a
+    temporary file anywhere, a publication decided but never finished, and in
+    the trash anything but a replaced window's whole old version (kept for its
+    retention, for readers still listing it: an older epoch than the window's
+    committed one, every file of its commit file there)."""
     root = Path(p.root or "")
     left = []
-    for hidden in (STAGING_DIR, TRASH_DIR):
-        if (root / hidden).is_dir():
-            left += [f"{hidden}/{name}" for name in sorted(os.listdir(root / hidden))]
+    if (root / STAGING_DIR).is_dir():
+        left += [f"{STAGING_DIR}/{name}" for name in sorted(os.listdir(root / STAGING_DIR))]
+    committed = {ws: epoch for ws, epoch in conn.execute(
+        "SELECT window_start, committed_epoch FROM eos.windows WHERE pipeline = %s AND state = 'committed'",
+        (p.name,))}
+    for kept in sorted(os.listdir(root / TRASH_DIR)) if (root / TRASH_DIR).is_dir() else ():
+        doc = root / TRASH_DIR / kept / COMMIT_FILE
+        old = json.loads(doc.read_text()) if doc.is_file() else {}
+        whole = {f["name"] for f in old.get("files", ())} | {COMMIT_FILE} == set(os.listdir(doc.parent))
+        window = datetime.fromisoformat(old["window_start"]) if "window_start" in old else None
+        if not (old.get("pipeline") == p.name and old.get("epoch", 1 << 62) < committed.get(window, 0) and whole):
+            left.append(f"{TRASH_DIR}/{kept} (not a whole old version of a replaced window)")
     for directory, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d not in (STAGING_DIR, TRASH_DIR)]
         left += [os.path.relpath(os.path.join(directory, f), root) for f in files

@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import threading
+import time
 from collections import Counter
 from contextlib import contextmanager
 from datetime import timedelta
@@ -462,6 +463,40 @@ def test_files_of_a_native_parquet_writer_are_staged_counted_and_published(pg_ur
 # --------------------------------------------------------------------------- rerun of a committed window
 
 
+def test_a_reader_whose_listing_began_before_a_replace_reads_the_whole_old_version(pg_url, root, ledger,
+                                                                                   freeze_windows):
+    """The old version is moved to the trash, not deleted: a reader holding the
+    partition directory open from before the exchange (a listing in progress)
+    still finds every file of the old version, whole; the sweep deletes it only
+    after the retention; with a retention of 0 the commit deletes it at once."""
+    sink = file_target(root, pg_url, on_committed="replace").sink()
+    (w0,) = freeze_windows(PIPELINE, [0])
+    first = stage(sink, w0)
+    sink.commit(first)
+    rerun = stage(sink, w0, version=2)
+    listing = os.open(sink.partition_dir(first), os.O_RDONLY | os.O_DIRECTORY)  # the reader's opendir
+    try:
+        assert sink.commit(rerun).outcome == REPLACED
+        names = sorted(n for n in os.listdir(listing) if not n.startswith("_"))
+        rows = []
+        for name in names:
+            with open(os.open(name, os.O_RDONLY, dir_fd=listing), "rb") as f:
+                rows += pq.read_table(f).to_pylist()
+    finally:
+        os.close(listing)
+    assert sorted((r["eos_topic"], r["eos_partition"], r["eos_offset"]) for r in rows) == lineage(w0)
+    assert {r["note"][:2] for r in rows} == {"v1"}  # the old version, whole
+    assert {r["note"][:2] for r in read_root(root)} == {"v2"}  # a new listing: the new one
+    assert sink.sweep(timedelta(0)) == [] and len(os.listdir(root / TRASH_DIR)) == 1  # young: kept
+    assert len(sink.delete_expired_trash(now=time.time() + 600)) == 1 and os.listdir(root / TRASH_DIR) == []
+
+    at_once = file_target(root, pg_url, on_committed="replace", replaced_retention=timedelta(0)).sink()
+    third = stage(at_once, w0, version=3)
+    assert at_once.commit(third).outcome == REPLACED
+    assert os.listdir(root / TRASH_DIR) == [] and {r["note"][:2] for r in read_root(root)} == {"v3"}
+
+
+
 def test_replace_swaps_the_partition_atomically_readers_never_see_it_missing(pg_url, root, ledger, freeze_windows):
     sink = file_target(root, pg_url, on_committed="replace").sink()
     w0, w1 = freeze_windows(PIPELINE, [0, 1])
@@ -507,7 +542,13 @@ def test_replace_swaps_the_partition_atomically_readers_never_see_it_missing(pg_
     assert observe() == 2 and seen and set(seen) <= {1, 2}
     assert seen_lineage(root) == sorted(lineage(w0) + lineage(w1))
     assert {r["note"][:2] for r in read_root(root) if r["id"] % 1_000_000 < 5} == {"v2"}
-    assert os.listdir(root / TRASH_DIR) == [] and staging_dirs(root) == []
+    # the old version waits in the trash for its retention (readers still listing it), then goes
+    (kept,) = os.listdir(root / TRASH_DIR)
+    assert sorted(os.listdir(root / TRASH_DIR / kept)) == sorted(old_names) and staging_dirs(root) == []
+    assert json.loads((root / TRASH_DIR / kept / COMMIT_FILE).read_text())["epoch"] == 1
+    assert sink.delete_expired_trash() == [] and os.listdir(root / TRASH_DIR) == [kept]
+    assert sink.delete_expired_trash(now=time.time() + sink.replaced_retention_s) == [kept]
+    assert os.listdir(root / TRASH_DIR) == []
     result = sink.commit(rerun)  # the retried task: nothing left to do
     assert (result.outcome, result.committed_epoch) == (ALREADY_COMMITTED, 2)
     assert execute(pg_url, "SELECT count(*) FROM eos.dead_letters") == [(0,)]

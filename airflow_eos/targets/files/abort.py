@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from datetime import datetime, timedelta, timezone
 
 from airflow_eos.core import attempt as attempts
@@ -12,8 +13,12 @@ from airflow_eos.core.attempt import ABORTED, Attempt
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.files import fs
+from airflow_eos.targets.files.writer import COMMIT_FILE, PUBLISH
 
 log = logging.getLogger(__name__)
+
+# A trash entry's name: the time its version was replaced (UTC), "-", the staging's name.
+TRASH_STAMP = "%Y%m%dT%H%M%S.%fZ"
 
 
 class FileAbort:
@@ -75,7 +80,8 @@ class FileAbort:
         :meth:`Sink.sweep` and :meth:`sweeps_unclaimed`), finish decided
         publications, and delete staging directories that no live or
         unpublished attempt owns (aborted, published, superseded, or left by a
-        begin that rolled back, once older than ``older_than``), and the trash."""
+        begin that rolled back, once older than ``older_than``), and the old
+        versions of replaced windows past their retention."""
         swept = super().sweep(older_than, now=now)
         self.finish_pending()
         self._delete_orphans(older_than, now or datetime.now(timezone.utc))
@@ -100,9 +106,59 @@ class FileAbort:
                 continue
             log.info("sweep: deleting staging directory %s (%s)", path, "its attempt ended" if owner else
                      "no attempt owns it")
+            self._retire(path)  # a replace that died before moving the old version out: keep it its retention
             fs.remove_tree(path)
+        self.delete_expired_trash()
+
+    # ------------------------------------------------------------------ replaced versions
+
+    def retire_old_version(self, attempt: Attempt) -> None:
+        """After a replace, the window's old version sits where the attempt's
+        staging was (the exchange swapped them): move it to the trash, named by
+        the time it was replaced, to be deleted after ``replaced_retention_s``.
+
+        Not deleted at once: a reader whose listing of the partition began
+        just before the exchange goes on listing the old directory; deleting
+        it under that listing would show the reader a partial or empty window.
+        Kept for the retention (as Spark's file sink keeps its compacted log
+        files for ``spark.sql.streaming.fileSink.log.cleanupDelay``), any
+        listing has long ended. Safe to repeat: a retry finds nothing to move."""
+        if self._retire(self.staging_dir(attempt)):
+            log.info("%s: the window's old version is kept in %s for %.0f s (readers may still be listing it), "
+                     "then deleted", attempt, self.trash_root, self.replaced_retention_s)
+
+    def _retire(self, staging: str) -> bool:
+        """Move the old version a staging directory holds after an exchange
+        (its ``publish/`` with a commit file) to the trash; False if none."""
+        swapped_out = os.path.join(staging, PUBLISH)
+        if not os.path.isfile(os.path.join(swapped_out, COMMIT_FILE)):
+            return False
+        os.makedirs(self.trash_root, exist_ok=True)
+        stamp = datetime.now(timezone.utc).strftime(TRASH_STAMP)
+        os.rename(swapped_out, os.path.join(self.trash_root, f"{stamp}-{os.path.basename(staging)}"))
+        fs.fsync_dir(self.trash_root)
+        return True
+
+    def delete_expired_trash(self, now: float | None = None) -> list[str]:
+        """Delete the old versions replaced longer than ``replaced_retention_s``
+        ago (every publication and the sweep call this); returns their names.
+        An entry whose name carries no time (an older version of this sink)
+        ages from its last change."""
+        now = time.time() if now is None else now
+        deleted = []
         try:
-            for entry in os.scandir(self.trash_root):
-                fs.remove_tree(entry.path)
+            entries = list(os.scandir(self.trash_root))
         except FileNotFoundError:
-            pass
+            return deleted
+        for entry in entries:
+            try:
+                replaced = datetime.strptime(entry.name.split("-", 1)[0], TRASH_STAMP).replace(
+                    tzinfo=timezone.utc).timestamp()
+            except ValueError:
+                replaced = entry.stat(follow_symlinks=False).st_mtime
+            if now - replaced >= self.replaced_retention_s:
+                log.info("deleting %s: replaced %.0f s ago, past the retention of %.0f s", entry.path,
+                         now - replaced, self.replaced_retention_s)
+                fs.remove_tree(entry.path)
+                deleted.append(entry.name)
+        return deleted

@@ -27,11 +27,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How long a replaced window's old version outlives the exchange (see publish).
-OLD_VERSION_GRACE_S = 2.0
-
-log = logging.getLogger(__name__)
-
 COMMIT_FORMAT = "airflow-eos/files/1"
 LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
 # publication states (eos.publications, migration 7)
@@ -197,16 +192,9 @@ class FileCommit:
             log.info("%s: the window was committed by a newer attempt since; this one is never published", attempt)
         elif how == COMPLETE:
             log.info("%s: %s holds it already; nothing to do", attempt, os.path.join(self.root, location))
-        swapped_out = [os.path.join(self.trash_root, attempt.staging),
-                       os.path.join(self.staging_dir(attempt), PUBLISH)]
-        if any(os.path.isfile(os.path.join(d, COMMIT_FILE)) for d in swapped_out):
-            # A replaced version: a reader that opened its directory just before the exchange may still be
-            # listing it; deleting it under that listing would show the reader a partial (or empty) window
-            # instead of "file not found". Give in-flight listings time to end first. A grace narrows the
-            # race, it does not close it: deleting old versions only in the sweep, after a retention, would.
-            time.sleep(OLD_VERSION_GRACE_S)
+        self.retire_old_version(attempt)
         self._remove_staging(attempt)
-        fs.remove_tree(os.path.join(self.trash_root, attempt.staging))
+        self.delete_expired_trash()
         return how
 
     @staticmethod
@@ -274,11 +262,6 @@ class FileCommit:
         fs.fsync_dir(os.path.dirname(destination))
         fs.fsync_dir(os.path.dirname(source))
         fault_point("commit.after_rename")
-        # The old version now sits where the staging was: out of the way, then deleted.
-        os.makedirs(self.trash_root, exist_ok=True)
-        old = os.path.join(self.trash_root, attempt.staging)
-        fs.remove_tree(old)
-        os.rename(source, old)
         log.info("%s: replaced attempt %s's files in %s in one atomic exchange", attempt, there["epoch"],
                  destination)
         return EXCHANGED

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.windows import to_utc
 
 DEFAULT_LAYOUT = "eos_window_start={window_start}"
+# How long a replaced window's old version is kept in the trash before it is
+# deleted: readers that listed the partition just before the replace go on
+# reading it (Spark's file sink waits as long, 10 min, before deleting its
+# compacted log files: spark.sql.streaming.fileSink.log.cleanupDelay).
+DEFAULT_REPLACED_RETENTION = timedelta(minutes=10)
 LAYOUT_FIELDS = ("window_start", "window_end", "pipeline")
 
 # Spark's escaping of a partition value in a path (ExternalCatalogUtils.escapePathName),

@@ -44,7 +44,7 @@ from airflow_eos.targets.files.commit import (
     SUPERSEDED_HOW,
     FileCommit,
 )
-from airflow_eos.targets.files.layout import DEFAULT_LAYOUT
+from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION
 from airflow_eos.targets.files.published import LINEAGE_COLUMNS, FilePublished
 from airflow_eos.targets.files.staging import FileStaging, ManifestFile
 
@@ -68,6 +68,7 @@ class FileSink(FileStaging, FileCommit, FileAbort, FilePublished, Sink):
     layout: str = DEFAULT_LAYOUT
     on_committed: str = "skip"
     format: str = "parquet"
+    replaced_retention_s: float = DEFAULT_REPLACED_RETENTION.total_seconds()
 
     @property
     def ledger(self) -> Ledger:  # type: ignore[override]

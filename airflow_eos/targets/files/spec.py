@@ -15,13 +15,14 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.target import POSTGRES, ConnectionRef, TargetSpec
-from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, Layout
+from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION, Layout
 
 if TYPE_CHECKING:
     from airflow_eos.targets.files.sink import FileSink
@@ -103,6 +104,10 @@ class FileTarget(TargetSpec):
     - ``on_committed``: committing a window that is committed already:
       ``skip`` (nothing; reported) or ``replace`` (the window's partition
       directory is swapped for the new one in one atomic rename).
+    - ``replaced_retention``: how long the old version of a replaced window
+      stays in ``_eos_trash/`` before a later commit or the sweep deletes it
+      (default 10 min): a query that began listing the partition just before
+      the replace reads the whole old version, not a half-deleted one.
     - ``layout``: the window's partition directory under the root (see Layout).
     """
 
@@ -112,11 +117,19 @@ class FileTarget(TargetSpec):
     ledger_url: str | None = None
     on_committed: str = "skip"
     layout: str = DEFAULT_LAYOUT
+    replaced_retention: timedelta = DEFAULT_REPLACED_RETENTION
 
     kind: ClassVar[str] = "files"
 
     def __post_init__(self) -> None:
         local_root(self.path)
+        retention = self.replaced_retention
+        if isinstance(retention, (int, float)) and not isinstance(retention, bool):
+            object.__setattr__(self, "replaced_retention", timedelta(seconds=retention))  # to_dict's seconds
+        elif not isinstance(retention, timedelta):
+            raise ConfigurationError(f"replaced_retention must be a timedelta, not {retention!r}")
+        if self.replaced_retention < timedelta(0):
+            raise ConfigurationError(f"replaced_retention must not be negative, not {retention!r}")
         if self.format not in FORMATS:
             raise ConfigurationError(f"FileTarget format must be one of {FORMATS}, not {self.format!r}")
         if self.on_committed not in ON_COMMITTED:
@@ -139,7 +152,8 @@ class FileTarget(TargetSpec):
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path, "format": self.format,
                 "postgres_conn_id": self.postgres_conn_id, "ledger_url": self.ledger_url,
-                "on_committed": self.on_committed, "layout": self.layout}
+                "on_committed": self.on_committed, "layout": self.layout,
+                "replaced_retention": self.replaced_retention.total_seconds()}
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> "FileTarget":
@@ -157,7 +171,8 @@ class FileTarget(TargetSpec):
                                      "sink")
         from airflow_eos.targets.files.sink import FileSink
         return FileSink(root=self.root, ledger_url=self.ledger_url, layout=self.layout,
-                        on_committed=self.on_committed, format=self.format)
+                        on_committed=self.on_committed, format=self.format,
+                        replaced_retention_s=self.replaced_retention.total_seconds())
 
     @property
     def ledger_conn_id(self) -> str:
