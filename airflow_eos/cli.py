@@ -261,8 +261,8 @@ def print_status(ledger: Ledger, pipeline: str, out: TextIO, *, kafka_config: di
     print(file=out)
     print(table(
         ["start (UTC)", "end (UTC)", "state", "epoch", "attempts", "rows", "dead letters", "committed at (UTC)"],
-        [(ws, we, state, epoch, _attempts(counts.get(ws, {})), rows, dead, committed_at)
-         for ws, we, state, epoch, rows, dead, committed_at in shown]), file=out)
+        [(w.start, w.end, w.state, w.epoch, _attempts(counts.get(w.start, {})), w.published_rows, w.dead_letter_rows,
+          w.committed_at) for w in shown]), file=out)
     print(file=out)
 
     tps = sorted(planned | set(offsets))

@@ -176,7 +176,7 @@ def main() -> int:
                 t = step(f"window {window}")
                 done(t, f"run {run_window(env, log_file, h)}")
         t = step("window [00:00, 01:00) again: Clear a committed window (on_committed='skip')")
-        done(t, f"run {run_window(env, log_file, 0)}; nothing republished")
+        done(t, f"run {run_window(env, log_file, 0)}; committed already: no attempt, no Spark job, nothing republished")
 
         say()
         # The CLI as a user runs it, in a subprocess: the demo does not import the CLI,

@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from airflow_eos.core.attempt import Attempt, Readiness
 from airflow_eos.core.errors import WindowNotClosed
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.ledger import Ledger, WindowRecord
 from airflow_eos.core.plan import PlanRequest, plan_window
 from airflow_eos.core.sink import CommitOutcome, CommitResult, Sink
 from airflow_eos.core.source import PartitionLog, mirror_offsets
@@ -67,18 +67,28 @@ def plan(ledger: Ledger, kafka_log: PartitionLog, request: PlanRequest) -> Windo
 class Staged:
     """The stage step's result: the attempt it opened, and the job's report.
     Its dict is the attempt's dict plus ``report`` and ``stage_seconds``, so
-    every consumer of an attempt (the sensor, the commit) reads it as one."""
+    every consumer of an attempt (the sensor, the commit) reads it as one.
 
-    attempt: Attempt
+    No attempt (``attempt`` None, ``committed`` set): the window was committed
+    already and its target skips a rerun (``on_committed="skip"``), so nothing
+    was staged and nothing will be published; the dict is then ``committed``'s
+    (outcome ``skipped``, the committed epoch and counts, ``epoch`` None)."""
+
+    attempt: Attempt | None
     report: Mapping[str, Any] | None = None
     seconds: float = 0.0
+    committed: "Committed | None" = None
 
     def to_dict(self) -> dict[str, Any]:
+        if self.attempt is None:
+            return {**self.committed.to_dict(), "staging": None, "report": None, "stage_seconds": 0.0}
         return {**self.attempt.to_dict(), "report": dict(self.report) if self.report else None,
                 "stage_seconds": round(self.seconds, 3)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Staged":
+        if data.get("epoch") is None:
+            return cls(None, committed=Committed.from_dict(data))
         return cls(Attempt.from_dict(data), data.get("report"), float(data.get("stage_seconds") or 0.0))
 
 
@@ -87,7 +97,16 @@ def stage(sink: Sink, window_plan: WindowPlan, job: StageJob) -> Staged:
     attempt, zombies included) and run the stage job for it. If the job fails,
     the attempt is aborted (its staging dropped) before the error goes on; if
     the process dies instead, the attempt stays live until the window's abort
-    task, a newer attempt or the sweep ends it."""
+    task, a newer attempt or the sweep ends it.
+
+    A window committed already, whose target skips reruns: no attempt, no job
+    (a Clear of a committed window costs seconds, not a Spark job whose
+    staging the commit would throw away); the result says who committed it."""
+    record = sink.committed_rerun(window_plan.window)
+    if record is not None:
+        committed = Committed.nothing_staged(window_plan.window, record)
+        log.info("%s", committed.describe())
+        return Staged(None, committed=committed)
     attempt = sink.begin(window_plan.window)
     log.info("%s opened (epoch %d fences every older attempt); staging %s", attempt, attempt.epoch, attempt.staging)
     started = time.monotonic()
@@ -140,7 +159,7 @@ class Committed:
     pipeline: str
     window_start: str
     window_end: str
-    epoch: int
+    epoch: int | None  # None: no attempt was opened (see Staged)
     outcome: str  # a CommitOutcome value: published | replaced | already_committed | skipped
     committed_epoch: int
     published_rows: int
@@ -156,6 +175,25 @@ class Committed:
                    CommitOutcome(result.outcome).value, result.committed_epoch, result.published_rows,
                    result.dead_letter_rows, result.replaced_rows, round(result.seconds, 3), mirrored_to)
 
+    @classmethod
+    def nothing_staged(cls, window: Window, record: WindowRecord) -> "Committed":
+        """A rerun of a committed window that its target skips: no attempt."""
+        return cls(window.pipeline, window.start.isoformat(), window.end.isoformat(), None,
+                   CommitOutcome.SKIPPED.value, record.committed_epoch, record.published_rows or 0,
+                   record.dead_letter_rows or 0)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Committed":
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+    def describe(self) -> str:
+        if self.epoch is None:
+            return (f"window {self.window_start} .. {self.window_end} of {self.pipeline} was committed by attempt "
+                    f"{self.committed_epoch} ({self.published_rows} rows, {self.dead_letter_rows} dead letters); "
+                    "its target skips reruns of committed windows (on_committed='skip'): nothing staged, nothing "
+                    "published")
+        return f"attempt {self.epoch} of window {self.window_start} of {self.pipeline}: {self.outcome}"
+
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
@@ -166,7 +204,9 @@ def commit(sink: Sink, attempt: Attempt, *, mirror: OffsetMirror | None = None) 
     committed by another attempt is skipped or replaced, as the target says.
     Then, if asked, mirror the pipeline's offsets to a consumer group (after
     the commit: the ledger stays the source of truth, a lost mirror is redone
-    by the next commit)."""
+    by the next commit). Last, mark the commit announced: its task's Asset
+    event follows as the task ends, and a rerun of the window may now be
+    skipped without staging (see :func:`stage`)."""
     result = sink.commit(attempt)
     log.info("%s", result)
     fault_point("commit.after_commit")
@@ -175,6 +215,8 @@ def commit(sink: Sink, attempt: Attempt, *, mirror: OffsetMirror | None = None) 
         mirror_offsets(dict(mirror.kafka_config), mirror.group_id, result.offsets)
         mirrored_to = mirror.group_id
         log.info("offsets mirrored to consumer group %r", mirror.group_id)
+    with sink.ledger.connect() as conn, conn.transaction():
+        sink.ledger.mark_announced(conn, attempt.window, result.committed_epoch)
     return Committed.of(result, mirrored_to)
 
 

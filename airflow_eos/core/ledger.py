@@ -56,6 +56,8 @@ class WindowRecord(NamedTuple):
     published_rows: int | None
     dead_letter_rows: int | None
     committed_at: datetime | None
+    committed_epoch: int | None = None
+    announced_epoch: int | None = None  # the committed epoch whose commit step ran to its end
 
 
 def _claim(row: tuple) -> Claim:
@@ -192,12 +194,26 @@ class Ledger:
 
     # ------------------------------------------------------------------ reading a pipeline
 
+    _WINDOW_RECORD = ("SELECT window_start, window_end, state, epoch, published_rows, dead_letter_rows, committed_at,"
+                      " committed_epoch, announced_epoch FROM eos.windows WHERE pipeline = %s")
+
     def windows(self, conn: psycopg.Connection, pipeline: str) -> list[WindowRecord]:
         """Every window of the pipeline, oldest first."""
-        rows = conn.execute(
-            "SELECT window_start, window_end, state, epoch, published_rows, dead_letter_rows, committed_at"
-            " FROM eos.windows WHERE pipeline = %s ORDER BY window_start", (pipeline,)).fetchall()
+        rows = conn.execute(self._WINDOW_RECORD + " ORDER BY window_start", (pipeline,)).fetchall()
         return [WindowRecord(start, end, WindowState(state), *rest) for start, end, state, *rest in rows]
+
+    def mark_announced(self, conn: psycopg.Connection, window: Window, epoch: int) -> None:
+        """The commit step of the window's committed ``epoch`` ran to its end."""
+        conn.execute("UPDATE eos.windows SET announced_epoch = %s WHERE pipeline = %s AND window_start = %s"
+                     " AND committed_epoch = %s", (epoch, window.pipeline, window.start, epoch))
+
+    def window(self, conn: psycopg.Connection, window: Window) -> WindowRecord | None:
+        """The window's row, or None if it was never planned."""
+        row = conn.execute(self._WINDOW_RECORD + " AND window_start = %s", (window.pipeline, window.start)).fetchone()
+        if row is None:
+            return None
+        start, end, state, *rest = row
+        return WindowRecord(start, end, WindowState(state), *rest)
 
     def pipelines_with_windows(self, conn: psycopg.Connection, *, limit: int) -> list[str]:
         """The first ``limit`` pipelines, by name, that have windows."""

@@ -316,6 +316,17 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX publications_decided ON eos.publications (target) WHERE state = 'decided';
         """,
     ),
+    (
+        8,
+        """
+        -- The committed epoch whose commit step ran to its end (its commit
+        -- task's Asset event is emitted as the task succeeds). A rerun of a
+        -- committed window whose target skips reruns opens no attempt when the
+        -- commit was announced; one that died after committing and before this
+        -- stages and commits (skipped) as before, so its event is not lost.
+        ALTER TABLE eos.windows ADD COLUMN announced_epoch integer;
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

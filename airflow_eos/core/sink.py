@@ -47,7 +47,7 @@ from datetime import datetime, timedelta, timezone
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, Checkpoint, ConsumedRange, Readiness, StagedChunk
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.ledger import Ledger, WindowRecord, WindowState
 from airflow_eos.core.windows import TopicPartition, Window
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,32 @@ class Sink(ABC):
         target such pipelines are taken to publish into. False by default:
         they are left to their own target's sweep."""
         return False
+
+    @property
+    def replaces_committed(self) -> bool:
+        """Does committing another attempt of a committed window replace it
+        (``on_committed="replace"``)? False (the default, ``skip``): it would
+        publish nothing, so :meth:`committed_rerun` lets the stage step skip
+        the job altogether. Targets that can replace say when."""
+        return False
+
+    def committed_rerun(self, window: Window) -> WindowRecord | None:
+        """The window's ledger row when it is committed and this target skips a
+        rerun of it: a Clear of a committed window then opens no attempt and
+        runs no Spark job (it would be thrown away at the commit). None when
+        a run must stage: not committed yet, ``replace``, or a commit step that
+        died before its end (not announced: see ``steps.commit``). A commit that
+        lands after this check is the next run's to see; an attempt staged
+        meanwhile is skipped at its commit as before."""
+        if self.replaces_committed:
+            return None
+        with self.ledger.connect() as conn:
+            record = self.ledger.window(conn, window)
+        if record is None or record.state != WindowState.COMMITTED:
+            return None
+        # A commit that died before its step ended may not have told Airflow (no Asset event): let the rerun
+        # commit (skipped), as before, rather than leave the window unannounced.
+        return record if record.announced_epoch == record.committed_epoch else None
 
     @abstractmethod
     def begin(self, window: Window) -> Attempt:

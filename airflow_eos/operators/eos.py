@@ -15,8 +15,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import BaseOperator, BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk import BaseOperator, BaseSensorOperator, BaseXCom, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
 from airflow_eos.core.source import KafkaSource
@@ -266,6 +266,11 @@ class EosSparkStageOperator(_TargetHooks, SparkSubmitOperator):
         job = self._on_spark_connect if self._spark_connect_url is not None else self._spark_submit
         with failing_terminally():
             staged = steps.stage(self.sink, plan, lambda attempt: job(context, plan, attempt))
+        if staged.attempt is None:
+            # Committed already and the target skips reruns: the checkpoint, the commit and whatever follows
+            # them are skipped (no Asset event: the target did not change); the XCom says who committed it.
+            context["ti"].xcom_push(key=BaseXCom.XCOM_RETURN_KEY, value=staged.to_dict())
+            raise AirflowSkipException(staged.committed.describe())
         return staged.to_dict()
 
     def _spark_submit(self, context, plan: WindowPlan, attempt: Attempt) -> dict | None:

@@ -575,15 +575,20 @@ class Harness:
             "commit": lambda: self._step(i, "commit", commit_step, xcom["stage"]),
         }
         for step in STEPS:
+            if step in ("await_checkpoint", "commit") and xcom["stage"]["epoch"] is None:
+                outcome.tries.append((step, "skipped"))  # committed already, the target skips reruns
+                continue
             if not self._try(i, step, calls[step], retries, outcome, xcom):
                 outcome.state, outcome.failed_step = "failed", step
                 break
         if "plan" in xcom:  # the teardown runs when its setup succeeded
             self._try(i, TEARDOWN, lambda: self._step(i, "abort", abort_step, window), retries, outcome, xcom)
-        if outcome.state == "success":
+        if outcome.state == "success" and "commit" in xcom:
             outcome.summary = xcom["commit"]
             with self._lock:
                 self.asset_events.setdefault(i, []).append(xcom["commit"])
+        elif outcome.state == "success":  # a skipped commit: its summary is the stage's, and no Asset event
+            outcome.summary = xcom["stage"]
         self.note(f"w{i} run {outcome.state}: " + ", ".join(f"{s} {r}" for s, r in outcome.tries))
         return outcome
 

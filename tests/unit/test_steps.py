@@ -4,12 +4,14 @@ which run these same functions)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 import pytest
 
 from airflow_eos import steps
 from airflow_eos.core.attempt import Attempt
+from airflow_eos.core.ledger import WindowRecord, WindowState
 from airflow_eos.core.sink import CommitOutcome, CommitResult
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
 
@@ -17,10 +19,31 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 T1 = datetime(2026, 1, 1, 1, tzinfo=timezone.utc)
 
 
+class RecordingLedger:
+    def __init__(self, calls):
+        self.calls = calls
+
+    @contextmanager
+    def connect(self):
+        yield self
+
+    @contextmanager
+    def transaction(self):
+        yield
+
+    def mark_announced(self, conn, window, epoch):
+        self.calls.append(("announced", epoch))
+
+
 class RecordingSink:
-    def __init__(self, abort_fails: bool = False):
+    def __init__(self, abort_fails: bool = False, committed: WindowRecord | None = None):
         self.calls: list[tuple] = []
         self.abort_fails = abort_fails
+        self.committed = committed
+        self.ledger = RecordingLedger(self.calls)
+
+    def committed_rerun(self, window):
+        return self.committed
 
     def begin(self, window):
         self.calls.append(("begin", window))
@@ -69,3 +92,20 @@ def test_commit_summarises_what_the_sink_did():
     assert summary["outcome"] == "already_committed" and type(summary["outcome"]) is str
     assert summary["published_rows"] == 10 and summary["dead_letter_rows"] == 2 and summary["seconds"] == 0.5
     assert summary["window_start"] == T0.isoformat() and summary["mirrored_to"] is None
+    assert sink.calls == [("commit", 7), ("announced", 7)]  # announced last: the step ran to its end
+
+
+def test_a_rerun_of_a_committed_window_that_the_target_skips_opens_no_attempt_and_runs_no_job():
+    record = WindowRecord(T0, T1, WindowState.COMMITTED, 3, 10, 2, T1, committed_epoch=2, announced_epoch=2)
+    sink = RecordingSink(committed=record)
+
+    def job(attempt):
+        raise AssertionError("no job may run for a window committed already")
+
+    staged = steps.stage(sink, plan(), job)
+    assert staged.attempt is None and sink.calls == []  # no begin: no attempt, no epoch spent
+    data = staged.to_dict()
+    assert (data["outcome"], data["epoch"], data["committed_epoch"], data["published_rows"],
+            data["dead_letter_rows"]) == ("skipped", None, 2, 10, 2)
+    assert steps.Staged.from_dict(data) == staged
+    assert "committed by attempt 2" in staged.committed.describe()

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt
-from airflow_eos.core.ledger import WindowState
+from airflow_eos.core.ledger import WindowRecord, WindowState
 from airflow_eos.core.errors import NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, skip_committed
-from airflow_eos.core.windows import to_utc
+from airflow_eos.core.windows import Window, to_utc
 from airflow_eos.targets.files import fs
 from airflow_eos.targets.files.staging import ManifestFile
 from airflow_eos.targets.files.writer import COMMIT_FILE, DEAD_LETTER_COLUMNS, PUBLISH, StagedFile, read_footer
@@ -316,6 +316,20 @@ class FileCommit:
             raise TargetError(f"{foreign}: its {COMMIT_FILE} names pipeline {doc.get('pipeline')!r}, window "
                               f"{doc.get('window_start')}; {advice}")
         return doc
+
+    def committed_rerun(self, window: Window) -> WindowRecord | None:
+        """As :meth:`Sink.committed_rerun`, once the window's files are in
+        place: a window decided by a commit that died before its rename is
+        published here first (a Clear finishes it, as its commit did before).
+        If that fails, None: the run stages, and its commit names the problem."""
+        record = super().committed_rerun(window)
+        if record is None:
+            return None
+        self.finish_pending()
+        with self.ledger.connect() as conn:
+            state = conn.execute("SELECT state FROM eos.publications WHERE pipeline = %s AND window_start = %s"
+                                 " AND epoch = %s", (window.pipeline, window.start, record.committed_epoch)).fetchone()
+        return record if state is not None and state[0] == PUBLISHED_STATE else None
 
     def finish_pending(self) -> list[Attempt]:
         """Publish every decided, unpublished window of this root (a commit

@@ -77,3 +77,7 @@ class FileSink(FileStaging, FileCommit, FileAbort, FilePublished, Sink):
     @property
     def target_id(self) -> str:
         return "files:" + self.root
+
+    @property
+    def replaces_committed(self) -> bool:
+        return self.on_committed == "replace"

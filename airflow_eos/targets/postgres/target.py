@@ -226,6 +226,10 @@ class PostgresTarget(TargetSpec, Sink):
         return self.url
 
     @property
+    def replaces_committed(self) -> bool:
+        return self.on_committed == "replace"
+
+    @property
     def target_id(self) -> str:
         """The table's identity for the pipeline's claim in the ledger:
         ``postgresql:schema.table``, normalised so that ``analytics.orders`` and
