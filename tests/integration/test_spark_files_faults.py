@@ -1,0 +1,117 @@
+"""Faults of the file target through the real stage job: Spark's own (JVM)
+Parquet writer, local mode, the real broker, a real PostgreSQL ledger.
+
+- Disk full in the middle of staging: the target's root is a real, small
+  file system (a tmpfs this test mounts, and unmounts), filled by a ballast file
+  to less than the window needs. The job fails with an error that says the disk
+  is full and where, nothing is published, the abort deletes the staging; with
+  the ballast gone the rerun publishes the window, exactly once by lineage.
+- The transform's output schema changing between windows: window 2 is refused
+  at its job commit, naming the column and both schemas; nothing of it is
+  published and window 1 stays as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from airflow_eos.core.attempt import ABORTED
+from airflow_eos.spark.submit import error_line, job_error
+from airflow_eos.targets.files import FileTarget
+from airflow_eos.targets.files.writer import STAGING_DIR
+from airflow_eos.verify import verify
+
+from test_spark_stage_files import (  # noqa: F401 - spark and orders are fixtures
+    ORDERS, PIPELINE, execute, orders, planned, published_lineage, spark)
+
+pytestmark = pytest.mark.slow
+
+BLOB_HASHES = 24  # 24 SHA-256 hex digests a row: ~1.5 KB that neither snappy nor a dictionary shrinks
+
+
+def with_blob(df):
+    """The example transform plus an incompressible column: the window's files
+    then take ~1 MB, more than the small file system has free."""
+    from pyspark.sql import functions as F
+
+    from airflow_eos.spark.transform import load_transform
+
+    out = load_transform(ORDERS)(df)
+    seed = F.concat_ws("/", F.col("eos_topic"), F.col("eos_partition"), F.col("eos_offset"))
+    return out.withColumn("blob", F.concat(*[F.sha2(F.concat(seed, F.lit(f"#{i}")), 256) for i in range(BLOB_HASHES)]))
+
+
+@pytest.fixture
+def small_fs():
+    """A real tmpfs of 8 MiB, mounted for this test only (the test runs as
+    root); unmounted afterwards whatever happened."""
+    mount_point = tempfile.mkdtemp(prefix="eos-small-fs-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs", mount_point], check=True)
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", mount_point]).returncode != 0:
+            subprocess.run(["umount", "-l", mount_point], check=True)  # a straggling reader: detach it
+        os.rmdir(mount_point)
+
+
+def fill(path: str, leave: int) -> str:
+    """A ballast file that leaves ``leave`` bytes free on the file system of ``path``."""
+    ballast = os.path.join(path, "ballast")
+    size = shutil.disk_usage(path).free - leave
+    with open(ballast, "wb") as f:
+        f.write(b"\0" * size)
+    return ballast
+
+
+def test_disk_full_in_the_middle_of_staging_fails_clearly_publishes_nothing_and_the_rerun_succeeds(
+        spark, pg_url, ledger, kafka_config, orders, small_fs):  # noqa: F811 - fixtures of test_spark_stage_files
+    from airflow_eos.spark import StageFailed, run_stage
+
+    topic, truth = orders
+    bad = sorted(k for k, v in truth.items() if v.startswith(b"{not json"))
+    good = sorted(set(truth) - set(bad))
+    root = os.path.join(small_fs, "lake", "orders")
+    os.makedirs(root)
+    free = 256 * 1024
+    ballast = fill(small_fs, leave=free)  # the window's files need ~1 MB
+    plan = planned(pg_url, topic)
+    sink = FileTarget(path=root, ledger_url=pg_url).sink()
+    attempt = sink.begin(plan.window)
+    staging = os.path.join(root, STAGING_DIR, attempt.staging)
+
+    with pytest.raises(StageFailed) as failed:
+        run_stage(spark, plan, attempt, sink, kafka_config, with_blob, max_bad_records=len(bad))
+    message = str(failed.value)
+    # the cause, the place and what to do, first (not Spark's "task failed while writing rows" and a stack trace)
+    assert message.startswith(f"the stage job of {attempt} failed (attempt aborted, staging dropped): the disk is "
+                              "full (No space left on device): Spark's Parquet writer could not write the window's "
+                              f"files into {staging}/data, on the file system mounted at {small_fs} ("), message
+    assert "Nothing was published" in message and "free space on that file system" in message, message
+    assert "\tat org.apache" not in message, message
+    # what the operator makes of the job's error line (spark-submit) is the same headline
+    headline = job_error(error_line(failed.value))
+    assert headline.headline == message and not headline.terminal
+    [(state, reason)] = execute(pg_url, "SELECT state, reason FROM eos.attempts")
+    assert state == ABORTED and "the disk is full (No space left on device)" in reason, reason
+    assert execute(pg_url, "SELECT state FROM eos.windows") == [("planned",)]
+    assert published_lineage(spark, root) == []  # nothing published
+    assert os.listdir(root) == [STAGING_DIR] and os.listdir(os.path.join(root, STAGING_DIR)) == []
+    # the failed writes' files are deleted and closed: their space is free again
+    assert shutil.disk_usage(small_fs).free == free
+
+    os.unlink(ballast)  # space freed; the rerun (a retry, a Clear: a new attempt) publishes the window once
+    rerun = sink.begin(plan.window)
+    report = run_stage(spark, plan, rerun, sink, kafka_config, with_blob, max_bad_records=len(bad))
+    assert (report.records_read, report.rows_staged, report.dead_letters) == (len(truth), len(good), len(bad))
+    assert sink.prepare(rerun).prepared and sink.commit(rerun).outcome == "published"
+    assert sorted(published_lineage(spark, root)) == good
+    assert os.listdir(os.path.join(root, STAGING_DIR)) == []
+    audit = verify(ledger, kafka_config, sink, PIPELINE)
+    assert audit.clean, str(audit)
+    assert (audit.totals.published_rows, audit.totals.dead_letters) == (len(good), len(bad))
