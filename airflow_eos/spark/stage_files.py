@@ -157,16 +157,16 @@ def _disk_full(exc: BaseException, where: str) -> str | None:
 def _close_failed_writes(spark: "SparkSession") -> None:
     """When the disk fills, Parquet's writer fails in its close before Hadoop's
     local file system closes the file: the JVM keeps the (now deleted) files
-    open and their space taken until a garbage collection closes them. In
-    local mode (the driver's JVM runs the tasks) collect now, so the space the
-    abort freed is free for the rerun; executors on a cluster collect on their
-    own schedule."""
-    jvm = getattr(spark, "_jvm", None)
-    if jvm is not None and spark.sparkContext.master.startswith("local"):
-        try:
-            jvm.System.gc()
-        except Exception as exc:  # noqa: BLE001 - only space reclaimed sooner
-            log.warning("could not run the JVM's garbage collection after a full disk: %s", exc)
+    open and their space taken until a garbage collection closes them. With a
+    local master (in-process, or a Spark Connect server) the tasks ran in the
+    driver's JVM: collect there now (a query, so that it reaches a Connect
+    server too), so that the space the abort freed is free for the rerun.
+    Executors on a cluster collect on their own schedule."""
+    try:
+        if spark.conf.get("spark.master", "").startswith("local"):
+            spark.sql("SELECT reflect('java.lang.System', 'gc')").collect()
+    except Exception as exc:  # noqa: BLE001 - only space reclaimed sooner
+        log.warning("could not run the JVM's garbage collection after a full disk: %s", exc)
 
 
 def _column(name: str):

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import tempfile
 from datetime import timedelta
 
 import pytest
@@ -29,48 +27,19 @@ from airflow_eos.targets.files import FileTarget
 from airflow_eos.targets.files.writer import STAGING_DIR
 from airflow_eos.verify import verify
 
+from harness.full_disk import fill, orders_with_blob, small_file_system
 from test_spark_stage_files import (  # noqa: F401 - spark and orders are fixtures
     ORDERS, PARTITIONS, PER_PARTITION, PIPELINE, WINDOW, execute, orders, planned, published_lineage, spark)
 
 pytestmark = pytest.mark.slow
 
 HOUR = timedelta(hours=1)
-BLOB_HASHES = 24  # 24 SHA-256 hex digests a row: ~1.5 KB that neither snappy nor a dictionary shrinks
-
-
-def with_blob(df):
-    """The example transform plus an incompressible column: the window's files
-    then take ~1 MB, more than the small file system has free."""
-    from pyspark.sql import functions as F
-
-    from airflow_eos.spark.transform import load_transform
-
-    out = load_transform(ORDERS)(df)
-    seed = F.concat_ws("/", F.col("eos_topic"), F.col("eos_partition"), F.col("eos_offset"))
-    return out.withColumn("blob", F.concat(*[F.sha2(F.concat(seed, F.lit(f"#{i}")), 256) for i in range(BLOB_HASHES)]))
 
 
 @pytest.fixture
 def small_fs():
-    """A real tmpfs of 8 MiB, mounted for this test only (the test runs as
-    root); unmounted afterwards whatever happened."""
-    mount_point = tempfile.mkdtemp(prefix="eos-small-fs-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs", mount_point], check=True)
-    try:
+    with small_file_system("8m") as mount_point:
         yield mount_point
-    finally:
-        if subprocess.run(["umount", mount_point]).returncode != 0:
-            subprocess.run(["umount", "-l", mount_point], check=True)  # a straggling reader: detach it
-        os.rmdir(mount_point)
-
-
-def fill(path: str, leave: int) -> str:
-    """A ballast file that leaves ``leave`` bytes free on the file system of ``path``."""
-    ballast = os.path.join(path, "ballast")
-    size = shutil.disk_usage(path).free - leave
-    with open(ballast, "wb") as f:
-        f.write(b"\0" * size)
-    return ballast
 
 
 def test_disk_full_in_the_middle_of_staging_fails_clearly_publishes_nothing_and_the_rerun_succeeds(
@@ -90,7 +59,7 @@ def test_disk_full_in_the_middle_of_staging_fails_clearly_publishes_nothing_and_
     staging = os.path.join(root, STAGING_DIR, attempt.staging)
 
     with pytest.raises(StageFailed) as failed:
-        run_stage(spark, plan, attempt, sink, kafka_config, with_blob, max_bad_records=len(bad))
+        run_stage(spark, plan, attempt, sink, kafka_config, orders_with_blob, max_bad_records=len(bad))
     message = str(failed.value)
     # the cause, the place and what to do, first (not Spark's "task failed while writing rows" and a stack trace)
     assert message.startswith(f"the stage job of {attempt} failed (attempt aborted, staging dropped): the disk is "
@@ -111,7 +80,7 @@ def test_disk_full_in_the_middle_of_staging_fails_clearly_publishes_nothing_and_
 
     os.unlink(ballast)  # space freed; the rerun (a retry, a Clear: a new attempt) publishes the window once
     rerun = sink.begin(plan.window)
-    report = run_stage(spark, plan, rerun, sink, kafka_config, with_blob, max_bad_records=len(bad))
+    report = run_stage(spark, plan, rerun, sink, kafka_config, orders_with_blob, max_bad_records=len(bad))
     assert (report.records_read, report.rows_staged, report.dead_letters) == (len(truth), len(good), len(bad))
     assert sink.prepare(rerun).prepared and sink.commit(rerun).outcome == "published"
     assert sorted(published_lineage(spark, root)) == good
