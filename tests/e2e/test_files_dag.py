@@ -103,7 +103,14 @@ def commit_summary(run) -> dict:
 
 def test_windows_are_published_as_partition_directories_once(airflow_connections, kafka_config, topics, run_after,
                                                               root, spark):
-    pg_url = airflow_connections
+    two_windows_are_published_as_partition_directories_once(airflow_connections, kafka_config, topics, run_after,
+                                                            root, spark)
+
+
+def two_windows_are_published_as_partition_directories_once(pg_url, kafka_config, topics, run_after, root,
+                                                            spark) -> None:
+    """Two hourly windows of the example DAG, each run once: audited by verify
+    and by what ``spark.read.parquet(root)`` of ``spark`` returns."""
     fresh_topic(topics, "orders")
     counts = produce_orders(topics, hours=2)
     dag = load_files_dag()
