@@ -126,8 +126,8 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
     return report
 
 
-# strerror of ENOSPC, EDQUOT and EFBIG (RLIMIT_FSIZE), as the JVM's IOException and Python's OSError say them
-DISK_FULL = ("No space left on device", "Disk quota exceeded", "File too large")
+# strerror of ENOSPC and EDQUOT, as the JVM's IOException and Python's OSError say them
+DISK_FULL = ("No space left on device", "Disk quota exceeded")
 
 
 def _disk_full(exc: BaseException, where: str) -> str | None:
