@@ -7,6 +7,8 @@ calls :func:`stage_files` when the sink names an output."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -103,7 +105,12 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
     except Exception as exc:
         message, error = (f"{type(exc).__name__}: {exc}", type(exc).__name__) if isinstance(exc, EosError) \
             else _failure(exc)
+        full = _disk_full(exc, output.data)
+        if full is not None:
+            message = full
         _abort_quietly(target, attempt, f"stage job run {run} failed: {message}")
+        if full is not None:
+            _close_failed_writes(spark)
         state = _attempt_state(target, attempt)
         raise StageFailed(f"the stage job of {attempt} failed ({state}): {message}", error=error) from exc
     finally:
@@ -117,6 +124,49 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
     for r in report.consumed:
         log.info("  read %s [%d, %d): %d records", r.tp, r.start_offset, r.end_offset, r.records)
     return report
+
+
+# strerror of ENOSPC and EDQUOT, as the JVM's IOException and Python's OSError say them
+DISK_FULL = ("No space left on device", "Disk quota exceeded")
+
+
+def _disk_full(exc: BaseException, where: str) -> str | None:
+    """The message for a write that failed because the disk is full, or None.
+    Spark reports it as a task that "failed while writing rows", with the
+    cause deep in a Java stack trace (truncated before it in the ledger): the
+    person needs the cause, the place and what to do first."""
+    text = str(exc)
+    reason = next((r for r in DISK_FULL if r in text), None)
+    if reason is None:
+        return None
+    path = where.removeprefix("file://")
+    mount = os.path.abspath(path)
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    try:
+        usage = shutil.disk_usage(mount)
+        space = f"{usage.free / 2**20:,.1f} MiB free of {usage.total / 2**20:,.1f} MiB"
+    except OSError as err:
+        space = f"its space unknown: {err.strerror}"
+    return (f"the disk is full ({reason}): Spark's Parquet writer could not write the window's files into {path}, "
+            f"on the file system mounted at {mount} ({space} when the job failed). Nothing was published and the "
+            "attempt's staging is deleted; free space on that file system (or give the target a root with room), "
+            "then rerun the window: a retry of the stage task or a Clear")
+
+
+def _close_failed_writes(spark: "SparkSession") -> None:
+    """When the disk fills, Parquet's writer fails in its close before Hadoop's
+    local file system closes the file: the JVM keeps the (now deleted) files
+    open and their space taken until a garbage collection closes them. With a
+    local master (in-process, or a Spark Connect server) the tasks ran in the
+    driver's JVM: collect there now (a query, so that it reaches a Connect
+    server too), so that the space the abort freed is free for the rerun.
+    Executors on a cluster collect on their own schedule."""
+    try:
+        if spark.conf.get("spark.master", "").startswith("local"):
+            spark.sql("SELECT reflect('java.lang.System', 'gc')").collect()
+    except Exception as exc:  # noqa: BLE001 - only space reclaimed sooner
+        log.warning("could not run the JVM's garbage collection after a full disk: %s", exc)
 
 
 def _column(name: str):

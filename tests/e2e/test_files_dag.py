@@ -11,12 +11,15 @@ import os
 import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
 from airflow_eos import FileTarget
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.verify import verify
+
+from harness.full_disk import fill, small_file_system
 
 from conftest import register_dag, run_window, states  # tests/e2e/conftest.py
 from test_orders_dag import HOUR, T0, fresh_topic, load_dag, produce_orders, sql, window_date
@@ -104,7 +107,14 @@ def commit_summary(run) -> dict:
 
 def test_windows_are_published_as_partition_directories_once(airflow_connections, kafka_config, topics, run_after,
                                                               root, spark):
-    pg_url = airflow_connections
+    two_windows_are_published_as_partition_directories_once(airflow_connections, kafka_config, topics, run_after,
+                                                            root, spark)
+
+
+def two_windows_are_published_as_partition_directories_once(pg_url, kafka_config, topics, run_after, root,
+                                                            spark) -> None:
+    """Two hourly windows of the example DAG, each run once: audited by verify
+    and by what ``spark.read.parquet(root)`` of ``spark`` returns."""
     fresh_topic(topics, "orders")
     counts = produce_orders(topics, hours=2)
     dag = load_files_dag()
@@ -231,3 +241,40 @@ def test_clearing_a_committed_window_with_replace_swaps_its_directory(airflow_co
     assert FileTarget(path=str(root), ledger_url=pg_url).sink().delete_expired_trash(now=time.time() + 600) == [kept]
     audit(pg_url, kafka_config, root, pipeline="orders_files_replace")
     assert_published_exactly(spark, pg_url, root, pipeline="orders_files_replace")
+
+
+def test_a_full_disk_fails_the_window_saying_so_publishes_nothing_and_a_clear_reruns_it_once(
+        airflow_connections, kafka_config, topics, monkeypatch, run_after, spark):
+    """The example DAG, the stage job by spark-submit, the root on a real tmpfs
+    that a ballast file fills: both tries of the stage fail at Spark's first
+    Parquet write, with an error that says the disk is full and where; the abort
+    deletes the staging, nothing is published. With space freed, a Clear of the
+    run publishes the window once."""
+    pg_url = airflow_connections
+    fresh_topic(topics, "orders")
+    counts = produce_orders(topics, hours=1)
+    with small_file_system("8m") as mount_point:
+        root = Path(mount_point) / "lake" / "orders"
+        monkeypatch.setenv("EOS_ORDERS_FILES_ROOT", str(root))
+        ballast = fill(mount_point, leave=0)
+        dag = load_files_dag()
+        run = run_window(dag, window_date(0), run_after(0))
+        assert run.state == "failed", states(run)
+        assert states(run)["window.stage"] == "failed" and states(run)["window.abort"] == "success", states(run)
+        attempts = sql(pg_url, "SELECT epoch, state, reason FROM eos.attempts ORDER BY epoch")
+        assert [(e, s) for e, s, _ in attempts] == [(1, "aborted"), (2, "aborted")]  # the try and its retry
+        for _, _, reason in attempts:
+            assert "the disk is full (No space left on device): Spark's Parquet writer could not write the " \
+                   f"window's files into {root}/_eos_staging/" in reason and f"mounted at {mount_point} (" in reason, \
+                reason
+        assert os.listdir(root) == ["_eos_staging"] and staging_left(root) == []  # nothing published, nothing left
+
+        os.unlink(ballast)  # space freed
+        rerun = run_window(dag, window_date(0), run_after(0))  # the UI's Clear of the run
+        assert rerun.run_id == run.run_id and rerun.state == "success", states(rerun)
+        assert [s for _, s, _ in sql(pg_url, "SELECT epoch, state, reason FROM eos.attempts ORDER BY epoch")] == [
+            "aborted", "aborted", "committed"]
+        report = audit(pg_url, kafka_config, root)
+        assert [(w.published_rows, w.dead_letters) for w in report.windows] == [(counts["good"][0], counts["bad"][0])]
+        assert len(assert_published_exactly(spark, pg_url, root)) == counts["good"][0]
+        assert staging_left(root) == []

@@ -39,6 +39,22 @@ def use_spark_connect(monkeypatch, server: SparkConnectServer) -> None:
     monkeypatch.setattr(SparkSubmitHook, "submit", no_spark_submit)
 
 
+def freeze_first_hour(pg_url: str, pipeline: str):
+    """The first hour of produce_orders(topics, hours=1) planned straight into
+    the ledger (migrated here), as the planner freezes it: offsets [0, 100) of
+    the 4 partitions of ``orders``. Returns the WindowPlan."""
+    from airflow_eos.core.ledger import Ledger
+    from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
+
+    ledger = Ledger(pg_url)
+    ledger.migrate()
+    plan = WindowPlan(Window(pipeline, T0, T0 + HOUR), tuple(PartitionRange("orders", p, 0, 100) for p in range(4)))
+    with ledger.connect() as conn, conn.transaction():
+        ledger.lock_pipeline(conn, plan.pipeline)
+        ledger.freeze(conn, plan, [])
+    return plan
+
+
 def test_consecutive_windows_on_spark_connect_publish_every_record_once(
         airflow_connections, kafka_config, topics, connect_server, monkeypatch, run_after):
     use_spark_connect(monkeypatch, connect_server)
@@ -88,9 +104,7 @@ def test_too_many_bad_records_on_the_server_fail_with_a_clear_error_and_leave_no
     the cause, the attempt is aborted, its staging dropped, nothing published."""
     import psycopg
 
-    from airflow_eos.core.ledger import Ledger
     from airflow_eos.targets.postgres.target import PostgresTarget
-    from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
     from airflow_eos.examples.transforms import ORDERS_TABLE_DDL
     from airflow_eos.spark.session import spark_session, stop_session
     from airflow_eos.spark.stage import StageFailed, run_stage
@@ -100,12 +114,7 @@ def test_too_many_bad_records_on_the_server_fail_with_a_clear_error_and_leave_no
     assert counts["bad"][0] == 8
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(ORDERS_TABLE_DDL)
-    ledger = Ledger(pg_url)
-    ledger.migrate()
-    plan = WindowPlan(Window("orders_hourly", T0, T0 + HOUR), tuple(PartitionRange("orders", p, 0, 100) for p in range(4)))
-    with ledger.connect() as conn, conn.transaction():
-        ledger.lock_pipeline(conn, plan.pipeline)
-        ledger.freeze(conn, plan, [])
+    plan = freeze_first_hour(pg_url, "orders_hourly")
     target = PostgresTarget(pg_url, "analytics.orders")
     attempt = target.begin(plan.window)
 

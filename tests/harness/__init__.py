@@ -1,6 +1,7 @@
 """What the tests drive the product with, kept out of the installed package:
 the chaos driver (``chaos``), a live Airflow stack with its screenshot client
-(``airflow_stack``) and the password-leak check (``leaks``).
+(``airflow_stack``), the password-leak check (``leaks``) and a real full disk
+(``full_disk``).
 
 Imported as ``harness``: pytest puts ``tests/`` on ``sys.path`` (``pythonpath``
 in pyproject.toml) and tests/conftest.py puts it on ``PYTHONPATH`` too, so the

@@ -827,6 +827,7 @@ def test_a_schema_change_between_windows_is_refused_at_the_job_commit(pg_url, ro
     with pytest.raises(TargetError, match="schema differs") as failed:
         sink.checkpoint(attempt, consumed(w1), chunks)
     assert "amount: double" in str(failed.value) and "amount: string" in str(failed.value)
+    assert "column 'amount' is string, published as double" in str(failed.value)
     assert attempt_state(pg_url, attempt)[0] == "open"  # no checkpoint written
     assert seen_lineage(root) == lineage(w0)
 

@@ -87,3 +87,24 @@ def test_building_the_spec_loads_no_client_library():
             "t = FileTarget(path='/data/lake/orders', postgres_conn_id='pg')\n"
             "t.target_id, t.asset_uri, t.to_dict(), t.check_for_dag()\n")
     assert loaded_heavy_packages(code) == []
+
+
+def test_a_schema_change_is_described_column_by_column():
+    import pyarrow as pa
+
+    from airflow_eos.targets.files.staging import schema_changes
+
+    def text(*fields):
+        return pa.schema(list(fields)).to_string(show_schema_metadata=False)
+
+    published = text(("id", pa.int64()), ("amount", pa.decimal128(12, 2)), ("tags", pa.list_(pa.string())),
+                     ("gone", pa.string()))
+    staged = text(("id", pa.int64()), ("amount", pa.float64()), ("tags", pa.list_(pa.string())),
+                  pa.field("coupon", pa.string(), nullable=False))
+    assert schema_changes(published, staged) == [
+        "column 'coupon' added (string not null)", "column 'gone' missing (published as string)",
+        "column 'amount' is double, published as decimal128(12, 2)"]
+    assert schema_changes(published, published) == []
+    nested = text(("tags", pa.list_(pa.int32())))  # a nested type differs in its column's line
+    assert schema_changes(text(("tags", pa.list_(pa.string()))), nested) == [
+        "column 'tags' is list<item: int32>, published as list<item: string>"]

@@ -56,3 +56,22 @@ def test_the_spark_job_never_asks_which_target_it_has():
                 modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 assert not any(m.startswith("airflow_eos.targets.files") for m in modules), path.name
         assert ".kind ==" not in path.read_text(), path.name
+
+
+def test_a_full_disk_under_sparks_writer_is_said_first_with_the_place_and_what_to_do(tmp_path):
+    from airflow_eos.spark.stage_files import _disk_full
+
+    data = tmp_path / "lake" / "_eos_staging" / "a_e1" / "data"
+    spark_error = ("An error occurred while calling o378.parquet.\n: org.apache.spark.SparkException: "
+                   "[TASK_WRITE_FAILED] Task failed while writing rows to file:/x. SQLSTATE: 58030\n\tat org.apache."
+                   "spark.sql.errors...\nCaused by: java.io.IOException: No space left on device\n\tat java.base/...")
+    message = _disk_full(Exception(spark_error), f"file://{data}")
+    mount = str(tmp_path)
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    assert message.startswith(f"the disk is full (No space left on device): Spark's Parquet writer could not write "
+                              f"the window's files into {data}, on the file system mounted at {mount} ("), message
+    assert "MiB free of" in message and message.endswith("then rerun the window: a retry of the stage task or a Clear")
+    assert _disk_full(Exception("OSError: [Errno 122] Disk quota exceeded"), str(data)).startswith(
+        "the disk is full (Disk quota exceeded)")
+    assert _disk_full(Exception(spark_error.replace("No space left on device", "Permission denied")), str(data)) is None

@@ -257,11 +257,13 @@ class FileStaging:
             " ORDER BY decided_at DESC LIMIT 1", (self.target_id, attempt.pipeline, attempt.window_start),
         ).fetchone()
         if row is not None and row[2] != schema:
+            changes = "; ".join(schema_changes(row[2], schema)) or "the columns' order or nested fields"
             raise TargetError(
-                f"{attempt}: the transform's output schema differs from the one of {self.root}, whose window "
-                f"{row[0]} {to_utc(row[1]).isoformat()} was published with:\n    "
+                f"{attempt}: the transform's output schema differs from the one of {self.root}: {changes}. Its "
+                f"window {row[0]} {to_utc(row[1]).isoformat()} was published with:\n    "
                 + row[2].replace("\n", "\n    ") + "\n  this window's:\n    " + schema.replace("\n", "\n    ")
-                + "\n  a root holds one schema: cast the output to it, or publish into a new root")
+                + "\n  a root holds one schema, so nothing of this window is published: cast the transform's output "
+                "to the published schema (or publish into a new root) and rerun the window")
 
     # ------------------------------------------------------------------ prepare
 
@@ -322,6 +324,28 @@ class FileStaging:
 
         writer = self.writer(attempt)
         return SparkOutput("file://" + writer.data_dir, "file://" + writer.dead_letter_dir, writer.reserved)
+
+
+def _columns(schema: str) -> dict[str, str]:
+    """column -> type of an Arrow schema's text (its top-level lines; nested
+    fields are indented lines of their column's type)."""
+    columns = {}
+    for line in schema.splitlines():
+        if line and not line[0].isspace():
+            name, _, kind = line.partition(": ")
+            columns[name] = kind
+    return columns
+
+
+def schema_changes(published: str, staged: str) -> list[str]:
+    """What differs, column by column, between the schema a root was published
+    with and a window's, both as Arrow schema text: for the error a person reads."""
+    before, after = _columns(published), _columns(staged)
+    changes = [f"column {name!r} added ({kind})" for name, kind in after.items() if name not in before]
+    changes += [f"column {name!r} missing (published as {kind})" for name, kind in before.items() if name not in after]
+    changes += [f"column {name!r} is {after[name]}, published as {kind}" for name, kind in before.items()
+                if name in after and after[name] != kind]
+    return changes
 
 
 def _user() -> str:
