@@ -418,3 +418,26 @@ def test_read_committed_consumer_sees_each_source_record_once_after_aborts(pg_ur
         seen.append((h["eos-topic"].decode(), int(h["eos-partition"]), int(h["eos-offset"])))
     consumer.close()
     assert sorted(seen) == lineage(plan)
+
+
+def test_teardown_ends_a_transaction_a_dead_committer_left_open(pg_url, sink, plans, kafka_config):
+    """A committer killed with its transaction open, and no retry: the
+    embedded broker never times the transaction out (read_committed readers
+    of the partition would stall). The window's teardown fences the
+    window's transactional.id, which aborts it; the window can run again."""
+    [plan] = plans([0])
+    attempt = stage(sink, plan)
+    dead = Producer({**kafka_config, "transactional.id": sink.transactional_id(attempt)})
+    dead.init_transactions(10)
+    dead.begin_transaction()
+    for p in range(3):
+        dead.produce(sink.topic, value=b"left open", partition=p,
+                     headers=[("eos-pipeline", PIPELINE.encode()),
+                              ("eos-window-start", plan.window.start.isoformat().encode()), ("eos-commit", b"1")])
+    dead.flush(10)
+    del dead  # never committed nor aborted
+    assert [a.epoch for a in sink.abort_window(plan.window, "commit task killed")] == [1]
+    rerun = stage(sink, plan, version=2)
+    assert sink.commit(rerun).outcome == PUBLISHED
+    assert seen_lineage(sink, pg_url) == lineage(plan)
+    assert {e for *_, e in published(sink, pg_url)} == {2}

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.target import KAFKA, POSTGRES, ConnectionRef, TargetSpec
+from airflow_eos.targets.kafka.client import LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
     from airflow_eos.targets.kafka.sink import KafkaSink
 
 ON_COMMITTED = ("skip",)
-LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
 _TOPIC = re.compile(r"^[A-Za-z0-9._\-]{1,249}$")
 _CONN_ID = re.compile(r"^[\w.\-]+$")
 _PREFIX = re.compile(r"^[A-Za-z0-9._\-]{1,100}$")
