@@ -115,6 +115,19 @@ DEAD_LETTER_SCHEMA = (("topic", "string"), ("partition", "int"), ("offset", "lon
                        ("key", "binary"), ("value", "binary"))
 
 
+def skip_committed(conn, attempt: Attempt, status) -> CommitResult:
+    """on_committed='skip' for a window another attempt committed: end this
+    attempt (aborted, saying why) and report the committed one's counts and
+    the pipeline's offsets, in the commit's transaction. The caller drops
+    its staging."""
+    attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch};"
+                                         " on_committed='skip'")
+    result = CommitResult(attempt, SKIPPED, status.committed_epoch, status.published_rows,
+                          status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
+    log.info("%s", result)
+    return result
+
+
 class Sink(ABC):
     """A two-phase-commit target. Subclasses keep the ledger in ``self.ledger``."""
 

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt
+from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED, CommitResult
+from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, skip_committed
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files import fs
 from airflow_eos.targets.files.staging import ManifestFile
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     import psycopg
 
 log = logging.getLogger(__name__)
+
+# How long a replaced window's old version outlives the exchange (see publish).
+OLD_VERSION_GRACE_S = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +116,9 @@ class FileCommit:
                     "SELECT replaces FROM eos.publications WHERE pipeline = %s AND window_start = %s AND epoch = %s",
                     (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
                 return 0, bool(replaces and replaces[0] is not None), True
-            replacing = status.window_state == COMMITTED
+            replacing = status.window_state == WindowState.COMMITTED
             if replacing and self.on_committed == "skip":
-                attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch};"
-                                                     " on_committed='skip'")
-                result = CommitResult(attempt, SKIPPED, status.committed_epoch, status.published_rows,
-                                      status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
-                log.info("%s", result)
-                return result
+                return skip_committed(conn, attempt, status)
             attempts.check_committable(attempt, status)
             checkpoint = attempts.load_checkpoint(conn, attempt)
             manifest = self._load_manifest(conn, attempt)
@@ -198,6 +197,14 @@ class FileCommit:
             log.info("%s: the window was committed by a newer attempt since; this one is never published", attempt)
         elif how == COMPLETE:
             log.info("%s: %s holds it already; nothing to do", attempt, os.path.join(self.root, location))
+        swapped_out = [os.path.join(self.trash_root, attempt.staging),
+                       os.path.join(self.staging_dir(attempt), PUBLISH)]
+        if any(os.path.isfile(os.path.join(d, COMMIT_FILE)) for d in swapped_out):
+            # A replaced version: a reader that opened its directory just before the exchange may still be
+            # listing it; deleting it under that listing would show the reader a partial (or empty) window
+            # instead of "file not found". Give in-flight listings time to end first. A grace narrows the
+            # race, it does not close it: deleting old versions only in the sweep, after a retention, would.
+            time.sleep(OLD_VERSION_GRACE_S)
         self._remove_staging(attempt)
         fs.remove_tree(os.path.join(self.trash_root, attempt.staging))
         return how

@@ -68,7 +68,7 @@ from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger, WindowState
-from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED, CommitResult, Sink
+from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, Sink, skip_committed
 from airflow_eos.core.target import DEFAULT_CONN_IDS, POSTGRES, ConnectionRef, TargetSpec
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.postgres import publish, shape, staging
@@ -380,13 +380,8 @@ class PostgresTarget(TargetSpec, Sink):
                                     status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
             replacing = status.window_state == WindowState.COMMITTED
             if replacing and self.on_committed == "skip":
-                attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch};"
-                                                     " on_committed='skip'")
                 staging.drop(conn, attempt.staging)
-                result = CommitResult(attempt, SKIPPED, status.committed_epoch, status.published_rows,
-                                      status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
-                log.info("%s", result)
-                return result
+                return skip_committed(conn, attempt, status)
             attempts.check_committable(attempt, status)
             checkpoint = attempts.load_checkpoint(conn, attempt)
             chunks = [c.chunk for c in checkpoint.chunks]
