@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
-from airflow_eos.core.attempt import ConsumedRange, load_offsets
+from airflow_eos.core.attempt import ConsumedRange
 from airflow_eos.core.errors import ConfigurationError, TargetError
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
 from airflow_eos.core.target import target_from_dict

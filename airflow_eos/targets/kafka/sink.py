@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.sink import Sink
 from airflow_eos.targets.kafka.abort import KafkaAbort
@@ -49,6 +50,16 @@ class KafkaSink(KafkaStaging, KafkaCommit, KafkaAbort, KafkaPublished, Sink):
     transactional_id_prefix: str = "airflow-eos"
     producer_config: Mapping[str, Any] = field(default_factory=dict)
     on_committed: str = "skip"
+    # The bound KafkaTarget that built this sink (not imported here: spec.py
+    # imports this module): the stage job ships it to its Spark tasks
+    # (to_dict), which build the sink again from it.
+    spec: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.spec is None:
+            raise ConfigurationError(f"{self!r} was not built by KafkaTarget.sink(): it has no spec to ship to the "
+                                     "stage job's tasks")
+        return self.spec.to_dict()
 
     @property
     def ledger(self) -> Ledger:  # type: ignore[override]

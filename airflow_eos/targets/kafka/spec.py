@@ -163,7 +163,8 @@ class KafkaTarget(TargetSpec):
                          key_column=self.key_column, value_column=self.value_column,
                          header_columns=self.header_columns, target_id=self.target_id,
                          transactional_id_prefix=self.transactional_id_prefix,
-                         producer_config=dict(self.producer_config), on_committed=self.on_committed)
+                         producer_config=dict(self.producer_config), on_committed=self.on_committed,
+                         spec=self)
 
     @property
     def ledger_conn_id(self) -> str:

@@ -117,8 +117,17 @@ class KafkaStaging:
             exists = self._staging_exists(conn, attempt)
         if not exists:
             raise TargetError(f"staging of {attempt} does not exist: the attempt was aborted or committed")
-        return KafkaStagingWriter(self.ledger_url, attempt.staging, self.staged_columns(), f"topic {self.topic}",
-                                  tuple(self.record_columns))
+        return self.staging_writer(attempt, self.staged_columns())
+
+    def staging_writer(self, attempt: Attempt, columns) -> KafkaStagingWriter:
+        """The writer of ``columns`` of the attempt's staging, without asking the
+        database (the stage job's write tasks know the columns)."""
+        return KafkaStagingWriter(self.ledger_url, attempt.staging, tuple(columns), self.label,
+                                  tuple(c for c in self.record_columns if c in columns))
+
+    @property
+    def label(self) -> str:
+        return f"topic {self.topic}"
 
     def not_null_columns(self, columns) -> list[str]:
         """The value column and the lineage: a record needs a value (a null
