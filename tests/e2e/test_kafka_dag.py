@@ -23,9 +23,11 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import to_utc
 from airflow_eos.verify import verify
 
+import test_spark_connect
 from conftest import run_window, states  # tests/e2e/conftest.py
 from test_files_dag import commit_summary, expected_lineage
 from test_orders_dag import HOUR, T0, fresh_topic, load_dag, produce_orders, sql, window_date
+from test_spark_connect import use_spark_connect
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +35,8 @@ PIPELINE = "orders_to_topic"
 TOPIC = "orders_curated"
 TOPIC_PARTITIONS = 3
 _runs = itertools.count()
+
+connect_server = test_spark_connect.connect_server  # a local Spark Connect server (one for the module)
 
 
 @pytest.fixture
@@ -183,3 +187,18 @@ def test_clearing_a_committed_window_skips_it(airflow_connections, kafka_config,
     audit(pg_url, kafka_config)
     after = assert_consumer_sees_each_record_once(pg_url, kafka_config)
     assert len(after) == len(before) == counts["good"][0]  # the rerun published nothing
+
+
+def test_a_window_staged_on_spark_connect_is_published_once(airflow_connections, kafka_config, topics, curated,
+                                                            connect_server, monkeypatch, run_after):
+    """The stage on a Spark Connect server's driver (run_stage there, the
+    KafkaSink's spec shipped to the write tasks in the data source's options)
+    instead of a spark-submit: the same records, once."""
+    pg_url = airflow_connections
+    use_spark_connect(monkeypatch, connect_server)
+    counts = produce_orders(topics, hours=1)
+    run = run_window(load_dag(PIPELINE), window_date(0), run_after(0))
+    assert run.state == "success", states(run)
+    (w,) = audit(pg_url, kafka_config).windows
+    assert (w.published_rows, w.dead_letters) == (counts["good"][0], counts["bad"][0])
+    assert len(assert_consumer_sees_each_record_once(pg_url, kafka_config)) == counts["good"][0]
