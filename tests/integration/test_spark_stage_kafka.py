@@ -11,12 +11,14 @@ letters in the ledger, against the records produced.
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter
 
 import psycopg
 import pytest
 
+from airflow_eos import cli
 from airflow_eos.core.attempt import load_offsets
 from airflow_eos.core.errors import AttemptClosed, ConfigurationError
 from airflow_eos.core.windows import TopicPartition
@@ -122,6 +124,11 @@ def test_a_window_is_staged_by_spark_published_once_and_verified(spark, pg_url, 
     audit = verify(ledger, kafka_config, sink, PIPELINE)
     assert audit.clean, str(audit)
     assert (audit.totals.published_rows, audit.totals.dead_letters) == (len(good), len(bad))
+    out, err = io.StringIO(), io.StringIO()  # the same audit by the CLI
+    code = cli.main(["verify", "--pipeline", PIPELINE, "--topic", target_topic, "--postgres-url", pg_url,
+                     "--kafka-bootstrap", kafka_config["bootstrap.servers"]], out=out, err=err)
+    assert code == 0, out.getvalue() + err.getvalue()
+    assert out.getvalue().startswith(f"verify {PIPELINE} against topic {target_topic} (record lineage)"), out.getvalue()
 
 
 def test_without_a_transform_records_are_published_as_read_and_tombstones_are_dead_letters(
