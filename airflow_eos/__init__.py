@@ -1,6 +1,6 @@
 """airflow-eos: exactly-once batch windows over Kafka for Apache Airflow.
 
-    from airflow_eos import exactly_once_window, KafkaSource, PostgresTarget, FileTarget
+    from airflow_eos import exactly_once_window, KafkaSource, PostgresTarget, FileTarget, KafkaTarget
 
 The protocol lives in :mod:`airflow_eos.core` (no Airflow imports); the Airflow
 operators, sensors and triggers are thin shells over it. The public names are
@@ -17,17 +17,19 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from airflow_eos.targets.files import FileTarget
+    from airflow_eos.targets.kafka import KafkaTarget
     from airflow_eos.targets.postgres.target import PostgresTarget
     from airflow_eos.core.source import KafkaSource
     from airflow_eos.window import exactly_once_window
 
 __version__ = "0.1.0"
-__all__ = ["FileTarget", "KafkaSource", "PostgresTarget", "exactly_once_window"]
+__all__ = ["FileTarget", "KafkaSource", "KafkaTarget", "PostgresTarget", "exactly_once_window"]
 
 # public name -> the module that defines it
 _PUBLIC = {
     "FileTarget": "airflow_eos.targets.files",
     "KafkaSource": "airflow_eos.core.source",
+    "KafkaTarget": "airflow_eos.targets.kafka",
     "PostgresTarget": "airflow_eos.targets.postgres.target",
     "exactly_once_window": "airflow_eos.window",
 }

@@ -106,8 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "partition offsets as the ledger says. A target without lineage columns is checked per "
                     "window by counts. Exit code 1 on any violation.")
     check.add_argument("--pipeline", required=True, help="the pipeline id")
-    check.add_argument("--table", required=True, metavar="TABLE",
-                       help="the target table, table or schema.table (quote parts as in SQL)")
+    target = check.add_mutually_exclusive_group(required=True)
+    target.add_argument("--table", metavar="TABLE",
+                        help="the target table, table or schema.table (quote parts as in SQL)")
+    target.add_argument("--topic", metavar="TOPIC",
+                        help="a Kafka target's topic, on the cluster of --kafka-bootstrap / --kafka-config "
+                             "(read to its end with read_committed; records count by the commits the ledger "
+                             "records)")
+    check.add_argument("--kafka-conn-id", default="kafka_default", metavar="CONN_ID",
+                       help="with --topic: the KafkaTarget's kafka_conn_id, part of the target's identity in the "
+                            "ledger (default: %(default)s)")
     check.add_argument("--count-column", metavar="COLUMN",
                        help="aggregate targets: a column whose per-window sum plus dead letters must equal the "
                             "window's records in Kafka")
@@ -300,7 +308,12 @@ def _attempts(states: dict[attempts.AttemptState, int]) -> str:
 def cmd_verify(args, out: TextIO) -> int:
     ledger = Ledger(_postgres_url(args))
     kafka = _kafka_config(args, required=True)
-    report = verify(ledger, kafka, args.table, args.pipeline, count_column=args.count_column,
+    target: Any = args.table
+    if args.topic:
+        from airflow_eos.targets.kafka import KafkaTarget
+        target = KafkaTarget(topic=args.topic, kafka_conn_id=args.kafka_conn_id, ledger_url=ledger.url,
+                             kafka_config=kafka)
+    report = verify(ledger, kafka, target, args.pipeline, count_column=args.count_column,
                     max_examples=args.max_examples, timeout=args.kafka_timeout,
                     max_timestamp_skew=args.max_timestamp_skew)
     print_report(report, out, limit=args.limit)

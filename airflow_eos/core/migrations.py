@@ -319,6 +319,31 @@ MIGRATIONS: list[tuple[int, str]] = [
     (
         8,
         """
+        -- The Kafka target: the window's committed Kafka transaction, by its
+        -- commit token (epoch << 32 | random bits), which every record of the
+        -- transaction carries as its eos-commit header and the window's marker
+        -- consumer group holds as an offset. verify counts a record only if
+        -- its token is here (the embedded broker shows aborted records to
+        -- read_committed readers). Written in the transaction that marks the
+        -- window committed.
+        CREATE TABLE eos.kafka_commits (
+            pipeline          text        NOT NULL,
+            window_start      timestamptz NOT NULL,
+            target            text        NOT NULL,  -- kafka:<kafka_conn_id>/<topic>
+            epoch             integer     NOT NULL,
+            token             bigint      NOT NULL,
+            transactional_id  text        NOT NULL,
+            marker_group      text        NOT NULL,
+            records           bigint,  -- produced by the transaction (null: recorded from the marker)
+            committed_at      timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (pipeline, window_start),
+            FOREIGN KEY (pipeline, window_start, epoch) REFERENCES eos.attempts ON DELETE CASCADE
+        );
+        """,
+    ),
+    (
+        9,
+        """
         -- The committed epoch whose commit step ran to its end (its commit
         -- task's Asset event is emitted as the task succeeds). A rerun of a
         -- committed window whose target skips reruns opens no attempt when the

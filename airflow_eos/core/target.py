@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 BUILTIN_KINDS = {
     "postgres": "airflow_eos.targets.postgres:PostgresTarget",
     "files": "airflow_eos.targets.files:FileTarget",
+    "kafka": "airflow_eos.targets.kafka:KafkaTarget",
 }
 ENTRY_POINT_GROUP = "airflow_eos.targets"
 

@@ -55,3 +55,28 @@ def events_per_minute(df: DataFrame) -> DataFrame:
     checks the window's record counts instead)."""
     return (df.groupBy(F.date_trunc("minute", F.col("timestamp")).alias("minute"))
             .agg(F.count(F.lit(1)).alias("events")))
+
+
+def orders_to_topic(df: DataFrame) -> DataFrame:
+    """Orders as records of a curated topic (a KafkaTarget with
+    ``key_column="key"``, ``value_column="value"``,
+    ``header_columns=("customer",)``): the order id as the key, the order as
+    compact JSON as the value, the customer as a header, and the lineage.
+
+    A malformed order is a dead letter (``eos_error``, as in :func:`orders`).
+    Its ``key`` and ``value`` are the source record's: the target's key and
+    value columns are also the raw record the stage job keeps with a dead
+    letter, so a dead letter keeps what was read, not a curated null.
+    """
+    rows = orders(df)
+    good = F.col("eos_error").isNull()
+    curated = F.to_json(F.struct("order_id", "customer", F.col("amount").cast("string").alias("amount")))
+    return rows.select(
+        F.when(good, F.col("order_id").cast("binary")).otherwise(F.col("key")).alias("key"),
+        F.when(good, curated.cast("binary")).otherwise(F.col("value")).alias("value"),
+        "customer",
+        "eos_topic",
+        "eos_partition",
+        "eos_offset",
+        "eos_error",
+    )

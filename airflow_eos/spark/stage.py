@@ -224,14 +224,14 @@ def run_stage(
                            started=started, max_records_per_task=max_records_per_task,
                            max_bad_records=max_bad_records, read_options=read_options)
     log.info("staging %s (run %s) into %s: %d planned range(s), at most %d records, max_bad_records=%d",
-             attempt, run, target.table, len(plan.ranges), plan.max_records, max_bad_records)
+             attempt, run, target.label, len(plan.ranges), plan.max_records, max_bad_records)
     _log_plan(plan)
     try:
         staging = target.writer(attempt)
         not_null = target.not_null_columns(staging.columns)
         out, fn = read_transformed(spark, plan, kafka_config, transform, url=url, attempt=attempt, run=run,
                                    max_records_per_task=max_records_per_task, read_options=read_options)
-        rows, layout = writer_input(out, staging.columns, not_null, table=target.table, strict=fn is not None)
+        rows, layout = writer_input(out, staging.columns, not_null, table=target.label, strict=fn is not None)
         settings = StageSettings(target, attempt, plan, run, layout, max_bad_records, rows_per_chunk,
                                  kafka_config=kafka_config)
     except Exception as exc:

@@ -22,11 +22,11 @@ from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, ConsumedRange
 from airflow_eos.core.database import connect
 from airflow_eos.core.errors import ConfigurationError, InvalidCheckpoint
+from airflow_eos.core.sink import Sink
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.kafka_source import KAFKA_PREFIX, option_string
 from airflow_eos.spark.layout import Layout
 from airflow_eos.spark.submit import TARGET_ENV, target_from_environment, target_json  # the one format of a target
-from airflow_eos.targets.postgres.target import PostgresTarget
 
 if TYPE_CHECKING:
     from airflow_eos.spark.kafka_ranges import KafkaRangePartition, ReadStats
@@ -44,7 +44,9 @@ DEFAULT_CHUNK_BYTES = 256 << 20
 class StageSettings:
     """Everything the writer's tasks and its commit need; travels as options."""
 
-    target: PostgresTarget
+    # A sink staged through the eos_staging writer (a PostgresTarget, a
+    # KafkaSink): it has staging_writer(attempt, columns) and a spec's to_dict().
+    target: Sink
     attempt: Attempt
     plan: WindowPlan
     run: str

@@ -27,7 +27,7 @@ from airflow_eos.core.attempt import Attempt, StagedChunk
 from airflow_eos.core.errors import EosError, TargetError
 from airflow_eos.spark.kafka_ranges import read_records
 from airflow_eos.spark.stage_settings import StageSettings
-from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS, StagingWriter
+from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -118,7 +118,9 @@ class TaskStager:
         self.settings = settings
         self.layout = settings.layout
         target, attempt = settings.target, settings.attempt
-        self.writer = StagingWriter(target.url, attempt.staging, self.layout.staged, target.table)
+        # The sink's staging writer for exactly the layout's columns (a PostgreSQL
+        # table's, or a Kafka record's), built here: no round trip per task.
+        self.writer = target.staging_writer(attempt, self.layout.staged)
         self.input = batches
         self.exhausted = False
         self.pending: list[pa.RecordBatch] = []  # good rows taken from the input, in no committed chunk yet
@@ -173,7 +175,7 @@ class TaskStager:
         good_mask = errors.is_null()
         bad = batch.filter(pc.invert(good_mask))
         if layout.lineage is None:
-            raise TargetError(f"{bad.num_rows} row(s) for {self.settings.target.table} are dead letters (first: "
+            raise TargetError(f"{bad.num_rows} row(s) for {self.settings.target.label} are dead letters (first: "
                               f"{bad.column(layout.error)[0].as_py()}) but have no lineage columns "
                               f"{list(LINEAGE_COLUMNS)} to name their source records")
         columns = {name: bad.column(name).to_pylist() for name in (*layout.lineage, layout.error)}
@@ -189,7 +191,7 @@ class TaskStager:
     def _dead_letters(self, dead: list[dict]) -> None:
         for d in dead:
             if any(d[k] is None for k in ("topic", "partition", "offset")):
-                raise TargetError(f"a dead letter for {self.settings.target.table} has null lineage "
+                raise TargetError(f"a dead letter for {self.settings.target.label} has null lineage "
                                   f"({d['topic']!r}, {d['partition']!r}, {d['offset']!r}); its error: {d['error']}")
         self.dead.extend(dead)
         self.dead_total += len(dead)
@@ -310,7 +312,7 @@ class TaskStager:
 
     def _refuse(self, row: "pa.Table", refusal: _Refusal) -> None:
         values = row.to_pylist()[0]
-        error = f"{self.settings.target.table} refused the row: {refusal.message}"
+        error = f"{self.settings.target.label} refused the row: {refusal.message}"
         lineage = self.layout.lineage
         if lineage is None or any(values.get(c) is None for c in lineage):
             raise TargetError(f"{error}; the row has no lineage columns {list(LINEAGE_COLUMNS)} to dead-letter "
@@ -340,7 +342,7 @@ class TaskStager:
         if refused and len(refused) == given >= COLUMN_REFUSED_MIN_VALUES:
             raise TargetError(self._column_refused(column, pg_type, given, table.num_rows, refused[0]))
         lineage = self.layout.lineage
-        target = self.settings.target.table
+        target = self.settings.target.label
         if refused and lineage is None:
             _, text, error = refused[0]
             raise TargetError(f"{target} refused {len(refused)} row(s) (first: {error}, column {column}: "
@@ -367,7 +369,7 @@ class TaskStager:
         _, text, error = first
         layout = self.layout
         given_type = layout.types[layout.staged.index(column)] if layout.types else "?"
-        return (f"target table {self.settings.target.table} refuses column {column!r} for every row: it is "
+        return (f"target table {self.settings.target.label} refuses column {column!r} for every row: it is "
                 f"{pg_type} there, and the transform's output gives {given_type} values the type cannot take "
                 f"(e.g. {_short_text(text)}: {error}); all {given} non-null values of the column in a chunk of "
                 f"{rows} rows were refused. That is a configuration error, not bad records: fix the transform "

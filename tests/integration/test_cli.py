@@ -119,8 +119,8 @@ def test_verify_usage_and_connection_errors_exit_2(pg_url, kafka_config, committ
     bootstrap = kafka_config["bootstrap.servers"]
     base = ["verify", "--pipeline", PIPELINE, "--table", "orders"]
 
-    assert main(["verify", "--pipeline", PIPELINE]) == 2  # argparse: --table is required
-    assert "the following arguments are required: --table" in capsys.readouterr().err
+    assert main(["verify", "--pipeline", PIPELINE]) == 2  # argparse: --table (or --topic) is required
+    assert "one of the arguments --table --topic is required" in capsys.readouterr().err
 
     cases = [
         (base + ["--kafka-bootstrap", bootstrap], "no database given: pass --postgres-url or set EOS_POSTGRES_URL"),

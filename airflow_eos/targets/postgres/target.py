@@ -303,7 +303,12 @@ class PostgresTarget(TargetSpec, Sink):
             columns = staging.staged_columns(conn, attempt.staging, self.columns)
         if columns is None:
             raise TargetError(f"staging of {attempt} does not exist: the attempt was aborted or committed")
-        return StagingWriter(self.url, attempt.staging, columns, self.table)
+        return self.staging_writer(attempt, columns)
+
+    def staging_writer(self, attempt: Attempt, columns: Sequence[str]) -> StagingWriter:
+        """The writer of ``columns`` of the attempt's staging, without asking the
+        database (the stage job's write tasks know the columns)."""
+        return StagingWriter(self._url(), attempt.staging, tuple(columns), self.table)
 
     def not_null_columns(self, columns: Sequence[str]) -> list[str]:
         """Those of ``columns`` that are NOT NULL in the target table (the stage

@@ -1,0 +1,16 @@
+"""The Kafka target: each window published into a Kafka topic in one producer
+transaction, fenced per window and idempotent, with the ledger in PostgreSQL.
+
+Importing this package loads the spec only (no confluent_kafka, no psycopg): a
+DAG file builds a KafkaTarget at parse time. The sink (``KafkaSink``) lives in
+:mod:`airflow_eos.targets.kafka.sink`, assembled from ``staging.py`` (begin,
+the writer, counts: the PostgreSQL staging table of the PostgreSQL target),
+``commit.py`` (the Kafka transaction, the marker and the ledger),
+``abort.py`` (abort, teardown, sweep) and ``published.py`` (what verify reads);
+``client.py`` holds the Kafka names and clients (transactional.id, marker
+group, topic check, marker read).
+"""
+
+from airflow_eos.targets.kafka.spec import KafkaTarget
+
+__all__ = ["KafkaTarget"]

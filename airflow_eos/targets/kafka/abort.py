@@ -1,0 +1,51 @@
+"""The Kafka target's abort, teardown and sweep. A mixin of
+:class:`~airflow_eos.targets.kafka.sink.KafkaSink`.
+
+The Kafka commit is the decision and the ledger follows it, so before an
+attempt that may have reached Kafka (a prepared one) is aborted, the window is
+*finished* (:meth:`KafkaCommit.finish`): its producers are fenced (which also
+ends a transaction a dead committer left open: the embedded broker never times
+one out, and every ``read_committed`` reader of the partition would stall) and
+its marker read; a transaction that committed is recorded in the ledger, never
+aborted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from airflow_eos.core import attempt as attempts
+from airflow_eos.core.attempt import PREPARED, Attempt
+from airflow_eos.core.faults import fault_point
+from airflow_eos.core.windows import Window
+
+log = logging.getLogger(__name__)
+
+
+class KafkaAbort:
+    """abort and abort_window of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`
+    (ahead of :class:`~airflow_eos.core.sink.Sink` in its bases)."""
+
+    def abort(self, attempt: Attempt, reason: str) -> bool:
+        """Mark the attempt aborted and drop its staging, in one ledger
+        transaction; a prepared attempt's window is finished first (its
+        transaction may have committed in Kafka). A committed attempt is left
+        alone."""
+        with self.ledger.connect() as conn:
+            row = conn.execute("SELECT state FROM eos.attempts WHERE pipeline = %s AND window_start = %s"
+                               " AND epoch = %s", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
+        if row is not None and row[0] == PREPARED:
+            self.finish(attempt.window)
+        with self.ledger.connect() as conn, conn.transaction():
+            aborted = attempts.mark_aborted(conn, attempt, reason)
+            fault_point("abort.inside")
+            if aborted:
+                self._drop_staging(conn, attempt)
+        return aborted
+
+    def abort_window(self, window: Window, reason: str) -> list[Attempt]:
+        """The teardown: finish the window (fence its producers, ending any
+        transaction left open; record a transaction that committed), then
+        abort its live attempts."""
+        self.finish(window)
+        return super().abort_window(window, reason)

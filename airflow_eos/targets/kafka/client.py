@@ -1,0 +1,157 @@
+"""The Kafka side of the Kafka target: the names a window's commit uses
+(``transactional.id``, marker group, commit token), the producer, the check
+that the topic exists, and the marker read. confluent_kafka is imported inside
+the functions.
+
+**The marker.** A window's transaction sends, with
+``send_offsets_to_transaction``, the offsets of the window's *marker group*
+(one consumer group per window that no consumer ever joins): the window's end
+cut for each planned source partition, and the *commit token* as the offset of
+partition 0 of the target topic. Committed offsets of a transaction are
+visible after its commit and absent after its abort, on a real Kafka and on the
+embedded broker alike (which cannot hide aborted records, and drops offset
+metadata: hence the token as an offset value). The token is
+``epoch << 32 | 31 random bits``: it names the attempt whose transaction
+committed and tells apart two transactions of one attempt (a commit crashed in
+the middle, then retried), whose records both carry it as a header.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_eos.core.attempt import Attempt
+from airflow_eos.core.errors import TargetError
+from airflow_eos.core.windows import TopicPartition, Window, to_utc
+
+log = logging.getLogger(__name__)
+
+# The lineage columns of the transform's output (the source record of a row).
+LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
+# Lineage headers on every published record.
+H_PIPELINE = "eos-pipeline"
+H_WINDOW_START = "eos-window-start"
+H_WINDOW_END = "eos-window-end"
+H_EPOCH = "eos-epoch"
+H_COMMIT = "eos-commit"
+H_TOPIC = "eos-topic"
+H_PARTITION = "eos-partition"
+H_OFFSET = "eos-offset"
+
+TIMEOUT = 30.0
+
+
+def _window_digest(target_id: str, window: Window | Attempt) -> str:
+    if isinstance(window, Attempt):
+        window = window.window
+    text = f"{target_id}\0{window.pipeline}\0{to_utc(window.start).isoformat()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _slug(pipeline: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", pipeline)[:60] or "p"
+
+
+def transactional_id(prefix: str, target_id: str, window: Window | Attempt) -> str:
+    """One ``transactional.id`` per (target, pipeline, window): every commit of
+    the window (a retry, a rerun's, a zombie's) uses it, so each one's
+    ``init_transactions`` fences the others and aborts their open
+    transaction; windows of a pipeline commit in parallel without fencing
+    each other."""
+    w = window.window if isinstance(window, Attempt) else window
+    return f"{prefix}.{_slug(w.pipeline)}.{to_utc(w.start):%Y%m%dT%H%M%S}.{_window_digest(target_id, w)}"
+
+
+def marker_group(prefix: str, target_id: str, window: Window | Attempt) -> str:
+    """The window's marker consumer group (never joined by a consumer)."""
+    return transactional_id(prefix, target_id, window) + ".marker"
+
+
+def new_token(epoch: int) -> int:
+    return (epoch << 32) | (secrets.randbits(31) + 1)
+
+
+def token_epoch(token: int) -> int:
+    return token >> 32
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A committed transaction of a window, as its marker group says."""
+
+    token: int
+    offsets: Mapping[TopicPartition, int]
+
+    @property
+    def epoch(self) -> int:
+        return token_epoch(self.token)
+
+
+def marker_offsets(topic: str, token: int, source_ends: Mapping[TopicPartition, int]) -> list:
+    from confluent_kafka import TopicPartition as KafkaTP
+    if any(tp.topic == topic and tp.partition == 0 for tp in source_ends):
+        raise TargetError(f"the pipeline reads partition 0 of its own target topic {topic}: the window's commit "
+                          "marker cannot take its place; publish into another topic")
+    return [KafkaTP(topic, 0, token)] + [KafkaTP(tp.topic, tp.partition, end) for tp, end in sorted(source_ends.items(), key=lambda kv: (kv[0].topic, kv[0].partition))]
+
+
+def read_marker(kafka_config: Mapping[str, Any], group: str, topic: str,
+                sources: Iterable[TopicPartition]) -> Marker | None:
+    """The marker of a committed transaction of the window, or None. Read
+    after ``init_transactions``: any transaction of the window still in
+    flight has then ended (committed or aborted)."""
+    from confluent_kafka import Consumer, KafkaException
+    from confluent_kafka import TopicPartition as KafkaTP
+    consumer = Consumer({**_client(kafka_config), "group.id": group, "enable.auto.commit": False})
+    try:
+        wanted = [KafkaTP(topic, 0)] + [KafkaTP(tp.topic, tp.partition) for tp in sources]
+        found = consumer.committed(wanted, timeout=TIMEOUT)
+    except KafkaException as exc:
+        raise TargetError(f"cannot read the commit marker (consumer group {group}) of topic {topic}: "
+                          f"{exc.args[0]}") from exc
+    finally:
+        consumer.close()
+    token = found[0].offset
+    if token is None or token < 0:
+        return None
+    return Marker(token, {TopicPartition(t.topic, t.partition): t.offset for t in found[1:] if t.offset >= 0})
+
+
+def _client(kafka_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The connection settings of a client (no consumer- or producer-only keys)."""
+    return {k: v for k, v in dict(kafka_config).items() if k not in ("group.id", "transactional.id")}
+
+
+def check_topic(kafka_config: Mapping[str, Any], topic: str) -> int:
+    """The target topic's partition count; TargetError if it does not exist
+    (it is never created: a producer's metadata request might create it with
+    the broker's defaults)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient(_client(kafka_config))
+    try:
+        # Every topic, not this one: a metadata request naming a missing topic
+        # lets the broker create it (the embedded broker does, with 4 partitions).
+        metadata = admin.list_topics(timeout=TIMEOUT)
+    except KafkaException as exc:
+        raise TargetError(f"cannot reach the Kafka cluster of target topic {topic}: {exc.args[0]}") from exc
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        raise TargetError(f"the target topic {topic!r} does not exist (or is not visible to this client): create it "
+                          "with the partitions, replication and retention its consumers need (e.g. kafka-topics.sh "
+                          f"--create --topic {topic}); the Kafka target never creates a topic")
+    return len(found.partitions)
+
+
+def producer(kafka_config: Mapping[str, Any], tx_id: str, extra: Mapping[str, Any]):
+    from confluent_kafka import Producer
+    config = {"linger.ms": 20, "batch.num.messages": 10000, **_client(kafka_config), **dict(extra),
+              "transactional.id": tx_id, "enable.idempotence": True, "acks": "all",
+              "allow.auto.create.topics": False}
+    return Producer(config)
