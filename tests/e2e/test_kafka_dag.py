@@ -25,7 +25,7 @@ from airflow_eos.verify import verify
 
 import test_spark_connect
 from conftest import run_window, states  # tests/e2e/conftest.py
-from test_files_dag import commit_summary, expected_lineage
+from test_files_dag import commit_summary, expected_lineage, skipped_rerun_summary
 from test_orders_dag import HOUR, T0, fresh_topic, load_dag, produce_orders, sql, window_date
 from test_spark_connect import use_spark_connect
 
@@ -181,8 +181,8 @@ def test_clearing_a_committed_window_skips_it(airflow_connections, kafka_config,
 
     rerun = run_window(dag, window_date(0), run_after(0))  # the UI's Clear of the committed run
     assert rerun.state == "success", states(rerun)
-    assert commit_summary(rerun)["outcome"] == "skipped"
-    assert sql(pg_url, "SELECT epoch, state FROM eos.attempts ORDER BY epoch") == [(1, "committed"), (2, "aborted")]
+    assert skipped_rerun_summary(rerun)["committed_epoch"] == 1  # no attempt, no Spark job, no Asset event
+    assert sql(pg_url, "SELECT epoch, state FROM eos.attempts ORDER BY epoch") == [(1, "committed")]
     assert sql(pg_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'eos_staging'") == [(0,)]
     audit(pg_url, kafka_config)
     after = assert_consumer_sees_each_record_once(pg_url, kafka_config)
