@@ -61,5 +61,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     log "reinstalling pyspark $pyspark_pin over the files pyspark-client left"
     "$UV" pip install -q -p .venv/bin/python --reinstall-package pyspark "pyspark==$pyspark_pin"
   fi
+  # pyspark is an sdist: every install builds it into a new ~1.4 GB revision of uv's cache and keeps the
+  # old ones (62 GB after a day of fresh clones and worktrees here, and a full disk). Drop what no
+  # install can reach any more.
+  "$UV" cache prune -q || log "uv cache prune failed (the cache may keep growing)"
   touch "$stamp"
 fi
