@@ -82,9 +82,10 @@ from airflow_eos.core.source import KafkaLog
 from airflow_eos.core.target import TargetSpec
 from airflow_eos.targets.files import FileTarget
 from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR, TRASH_DIR
+from airflow_eos.targets.kafka import KafkaTarget
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW, STAGING_SCHEMA, PostgresTarget
 from airflow_eos.verify import VerifyReport, verify
-from airflow_eos.core.windows import TopicPartition, Window, WindowPlan, to_millis
+from airflow_eos.core.windows import TopicPartition, Window, WindowPlan, to_millis, to_utc
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +102,28 @@ POINT_STEPS: dict[str, tuple[str, ...]] = {
     "commit.after_commit": ("commit",),
     "commit.after_decision": ("commit",),
     "commit.after_rename": ("commit",),
+    "commit.mid_produce": ("commit",),
+    "commit.after_kafka_commit": ("commit",),
     "abort.inside": ("stage", "abort"),  # the stage job's own abort after a failure, and the teardown
 }
 assert set(POINT_STEPS) == POINTS, "a fault point was added: say where it fires"
 # The targets the driver builds, and the fault points each one's code reaches
 # (the points of a two-phase commit without transactions are the file
-# target's; a commit inside one transaction is PostgreSQL's).
-TARGETS = ("postgres", "files")
+# target's; a commit inside one transaction is PostgreSQL's; the Kafka target
+# runs a Kafka transaction inside its ledger transaction: it has PostgreSQL's
+# points and two of its own).
+TARGETS = ("postgres", "files", "kafka")
+_FILE_POINTS = frozenset({"commit.after_decision", "commit.after_rename"})
+_KAFKA_POINTS = frozenset({"commit.mid_produce", "commit.after_kafka_commit"})
 TARGET_POINTS: dict[str, frozenset[str]] = {
-    "postgres": POINTS - {"commit.after_decision", "commit.after_rename"},
-    "files": POINTS - {"commit.after_publish"},
+    "postgres": POINTS - _FILE_POINTS - _KAFKA_POINTS,
+    "files": POINTS - {"commit.after_publish"} - _KAFKA_POINTS,
+    "kafka": POINTS - _FILE_POINTS,
 }
+# What clearing a committed window can do on each target: a topic is
+# append-only, so the Kafka target only skips (it refuses "replace").
+ON_COMMITTED: dict[str, tuple[str, ...]] = {"postgres": ("skip", "replace"), "files": ("skip", "replace"),
+                                           "kafka": ("skip",)}
 assert set().union(*TARGET_POINTS.values()) == POINTS, "a fault point was added: say which targets reach it"
 ACTIONS = ("raise", "crash")
 RECOVERIES = ("retry", "clear", "rerun_later", "backfill")
@@ -256,7 +268,9 @@ class Pipeline:
 
     The target is a PostgreSQL table (``target_kind="postgres"``: ``table`` in
     the ledger's database, in ``mode``) or a directory of Parquet partitions
-    (``"files"``: ``root``, with the ledger at ``url``). The steps, the stage
+    (``"files"``: ``root``, with the ledger at ``url``) or a Kafka topic
+    (``"kafka"``: ``target_topic`` on the source's cluster, its staging and
+    ledger at ``url``). The steps, the stage
     job's stand-in and the checks see only its Sink (:attr:`target`)."""
 
     name: str
@@ -271,13 +285,27 @@ class Pipeline:
     batch_rows: int = 8  # stage.mid_write fires after a batch is written, before its task's chunk is committed
     target_kind: str = "postgres"  # one of TARGETS
     root: str | None = None  # the file target's root directory
+    target_topic: str | None = None  # the Kafka target's topic (on the source's cluster)
 
     @property
     def spec(self) -> TargetSpec:
         """The bound target spec, as a DAG's target after its hook resolved the connections."""
         if self.target_kind == "files":
             return FileTarget(path=self.root or "", ledger_url=self.url, on_committed=self.on_committed)
+        if self.target_kind == "kafka":
+            # A record per order: the order's id as key, its amount as value.
+            return KafkaTarget(topic=self.target_topic or "", key_column="id", value_column="amount",
+                               kafka_config=dict(self.kafka_config), ledger_url=self.url,
+                               on_committed=self.on_committed)
         return PostgresTarget(self.url, self.table, mode=self.mode, on_committed=self.on_committed)
+
+    @property
+    def claimed_target(self) -> str | None:
+        """The target id the plan claims the pipeline for: the Kafka target's
+        (its sink sweeps only the pipelines claimed for it); None for the
+        others, planned as before claims named targets (their sinks sweep
+        unclaimed pipelines they can tell are theirs)."""
+        return self.spec.target_id if self.target_kind == "kafka" else None
 
     @property
     def target(self) -> Sink:
@@ -298,7 +326,8 @@ class Pipeline:
 def plan_step(p: Pipeline, window: Window) -> dict:
     """EosPlanWindowOperator: steps.plan (the window is closed in these tests)."""
     with KafkaLog(dict(p.kafka_config)) as kafka_log:
-        plan = steps.plan(p.ledger, kafka_log, PlanRequest(window, p.topics, timedelta(minutes=5)))
+        plan = steps.plan(p.ledger, kafka_log, PlanRequest(window, p.topics, timedelta(minutes=5),
+                                                           target_id=p.claimed_target))
     if plan is None:
         raise NotReady(f"window {window} is not closed")
     return plan.to_dict()
@@ -723,8 +752,10 @@ class Schedule:
         rng.shuffle(order)
         for i in rng.sample(range(n), k=rng.choice((0, 0, 1))):  # a duplicate run: a clear while running
             order.insert(rng.randrange(len(order) + 1), i)
+        on_committed = rng.choice(("skip", "replace"))
         return cls(
-            seed=seed, windows=n, on_committed=rng.choice(("skip", "replace")), retries=rng.choice((0, 0, 1, 2)),
+            seed=seed, windows=n, on_committed=on_committed if on_committed in ON_COMMITTED[target] else "skip",
+            retries=rng.choice((0, 0, 1, 2)),
             parallel=rng.choice((1, 2, 4)), mirror=rng.random() < 0.3,
             max_records_per_task=rng.choice((5, 40)),
             faults=faults, order=tuple(order),
@@ -911,10 +942,12 @@ def _file_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
     return left
 
 
-# How each target keeps staging: what is left of the pipeline's attempts.
+# How each target keeps staging: what is left of the pipeline's attempts (the
+# Kafka target stages in the PostgreSQL target's staging tables).
 LEFTOVERS: dict[str, Callable[[Pipeline, psycopg.Connection], list[str]]] = {
     "postgres": _postgres_leftovers,
     "files": _file_leftovers,
+    "kafka": _postgres_leftovers,
 }
 
 
@@ -1043,10 +1076,57 @@ def _utc_text(value: Any) -> str | None:
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(timezone.utc).isoformat()
 
 
+def _kafka_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
+    """The target topic read as a read_committed consumer reads it, to its
+    end (which also proves no transaction of the pipeline was left open: an
+    open one stalls such a reader), keeping the records of the transactions
+    the ledger names as committed (the embedded broker shows aborted records
+    too; a real Kafka hides them). Verify checks their lineage against Kafka;
+    here each record's content: key = the order's id, value = its amount, the
+    window and epoch headers those of its source record's committed window."""
+    problems: list[str] = []
+    committed = {to_utc(ws).isoformat(): (epoch, int(token)) for ws, epoch, token in conn.execute(
+        "SELECT window_start, epoch, token FROM eos.kafka_commits WHERE pipeline = %s", (p.name,))}
+    expected: dict[tuple[str, int, int], tuple[str, bytes, bytes]] = {}  # lineage -> (window start, key, value)
+    for i in windows:
+        window = p.window(i)
+        plan = p.ledger.load_plan(conn, window)
+        if plan is None:
+            continue  # reported as not committed
+        for r in plan.ranges:
+            for offset, value in kafka_records(p.kafka_config, r.topic, r.partition, r.start_offset,
+                                               r.end_offset).items():
+                try:
+                    order = json.loads(value)
+                    n, amount = int(order["n"]), Decimal(order["amount"])
+                except (ValueError, TypeError, KeyError):
+                    continue  # a dead letter: verify checks it
+                expected[r.topic, r.partition, offset] = (window.start.isoformat(), str(n).encode(),
+                                                          str(amount).encode())
+    sink = p.target
+    records = sink.published_records(p.name, committed_only={(ws, token) for ws, (_, token) in committed.items()})
+    wrong = []
+    for r in records:
+        h = r["headers"]
+        lineage = (h.get("eos-topic"), int(h.get("eos-partition", -1)), int(h.get("eos-offset", -1)))
+        want = expected.get(lineage)
+        if want is None:
+            continue  # extra: verify reports it
+        window_start, key, value = want
+        if (h["eos-window-start"], r["key"], r["value"]) != (window_start, key, value) \
+                or int(h["eos-epoch"]) != committed[window_start][0]:
+            wrong.append((lineage, r["key"], r["value"], h["eos-window-start"], h["eos-epoch"]))
+    if wrong:
+        problems.append(f"{len(wrong)} record(s) of topic {sink.topic} with another key, value, window or epoch "
+                        f"than their source record's committed window: {wrong[:5]}")
+    return problems
+
+
 # How to read each target as its readers do, where the ledger's database is not
 # where they read it (a PostgreSQL target is read by verify itself).
 READERS: dict[str, Callable[[Pipeline, psycopg.Connection, Sequence[int]], list[str]]] = {
     "files": _file_reader_problems,
+    "kafka": _kafka_reader_problems,
 }
 
 
@@ -1055,7 +1135,8 @@ def slug(text: str) -> str:
 
 
 __all__ = [
-    "ACTIONS", "LEFTOVERS", "POINT_STEPS", "READERS", "RECOVERIES", "STEPS", "T0", "TARGETS", "TARGET_POINTS", "HOUR",
+    "ACTIONS", "LEFTOVERS", "ON_COMMITTED", "POINT_STEPS", "READERS", "RECOVERIES", "STEPS", "T0", "TARGETS",
+    "TARGET_POINTS", "HOUR",
     "Harness", "Pipeline", "RunOutcome", "Schedule", "SparkStager", "StepFailed", "Verdict", "Zombie",
     "abort_step", "await_step", "check", "commit_step", "create_target_table", "create_topic",
     "faults_for", "plan_step", "produce", "record_value", "run_schedule", "run_step", "source_records",
