@@ -28,16 +28,19 @@ read_committed readers: the cells count them, a real Kafka hides them.
 
 from __future__ import annotations
 
+import io
 import os
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import psycopg
 import pytest
-from conftest import PARALLEL, new_pipeline, run_concurrently, selected_params
+from conftest import PARALLEL, new_pipeline, run_concurrently, scratch_database, selected_params
 
+from airflow_eos import cli
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
 from airflow_eos.targets.kafka import client as kclient
 from harness.chaos import Harness, StepFailed, Verdict, abort_step, await_step, check, commit_step, plan_step
@@ -287,13 +290,23 @@ def test_two_runs_of_one_window_at_once_publish_once(kafka_pipeline, tmp_path, t
 # --------------------------------------------------------------------------- the sweep
 
 
-def test_the_sweep_finishes_a_window_committed_in_kafka_whose_runs_all_died(kafka_pipeline, tmp_path, tally):
+@pytest.fixture
+def swept_kafka_pipeline(pg_server, chaos_source):
+    """A Kafka target's pipeline in a ledger database of its own (``airflow-eos
+    sweep`` sweeps every target of the ledger)."""
+    with scratch_database(pg_server.address) as url:
+        yield lambda name, **kw: new_pipeline(url, chaos_source, name, target="kafka", **kw)
+
+
+def test_the_sweep_finishes_a_window_committed_in_kafka_whose_runs_all_died(swept_kafka_pipeline, tmp_path, tally):
     """The commit died after the Kafka commit, then a clear's stage died too,
-    and no teardown ran (their worker was lost): nobody retries. The sweep
-    aborts the stale attempts oldest first; the committed one's window is
-    finished from its marker (recorded as committed by it, its dead letters
-    kept), the other attempt aborted and its staging dropped."""
-    p = kafka_pipeline("sweep_all_died", max_records_per_task=5)
+    and no teardown ran (their worker was lost): nobody retries. ``airflow-eos
+    sweep`` (the CLI: the sink built from the target id claimed in the ledger
+    and the cluster given) aborts the stale attempts oldest first; the
+    committed one's window is finished from its marker (recorded as committed
+    by it, its dead letters kept), the other attempt aborted and its staging
+    dropped."""
+    p = swept_kafka_pipeline("sweep_all_died", max_records_per_task=5)
     state = tmp_path / "state"
     h = Harness(p, state)
     staged = staged_until_commit(p, 0)
@@ -306,8 +319,17 @@ def test_the_sweep_finishes_a_window_committed_in_kafka_whose_runs_all_died(kafk
     assert attempt_states(p, 0) == [(1, "prepared"), (2, "open")] and window_state(p, 0) == ("planned", None)
 
     assert p.target.stale_attempts(timedelta(hours=1)) == []  # young: a healthy run may still be at work
-    assert [a.epoch for a in p.target.stale_attempts(timedelta(0))] == [1, 2]
-    assert h.sweep() == [2], h.history()
+    time.sleep(1.1)
+    assert [a.epoch for a in p.target.stale_attempts(timedelta(seconds=1))] == [1, 2]
+    sweep = ["sweep", "--older-than", "1s", "--postgres-url", p.url]
+    out = io.StringIO()
+    assert cli.main(sweep, out=out) == 0
+    assert f"not swept: target {p.spec.target_id} (its cluster is not given" in out.getvalue()
+    assert attempt_states(p, 0) == [(1, "prepared"), (2, "open")]
+    out = io.StringIO()
+    assert cli.main(sweep + ["--kafka-bootstrap", p.kafka_config["bootstrap.servers"]], out=out) == 0, out.getvalue()
+    h.note(f"airflow-eos sweep: {out.getvalue()}")
+    assert "aborted 1 attempt(s)" in out.getvalue() and p.spec.target_id in out.getvalue(), out.getvalue()
     assert window_state(p, 0) == ("committed", 1)
     assert attempt_states(p, 0) == [(1, "committed"), (2, "aborted")]
     [(epoch, token)] = ledger_commits(p).values()
