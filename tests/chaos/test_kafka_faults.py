@@ -5,23 +5,28 @@ through the same steps as every other target (harness.chaos: only the Spark
 job is replaced by its Python stand-in). A ``crash`` kills the commit's
 process (exit 137: no ``finally``, no abort of the Kafka transaction).
 
-The matrix (test_matrix.py) runs every fault point the Kafka target reaches x
-{raise, crash} x {retry, clear, rerun later, backfill}, and the randomized
-schedules (test_randomized.py) run on it too. The cells here look, step by
-step, at what only a commit that runs a whole Kafka transaction has:
+The matrix (test_matrix.py) runs the fault points of the Kafka target's own
+code x {raise, crash} x {retry, clear, rerun later, backfill}, and the
+randomized schedules (test_randomized.py) run on it too (every point it
+reaches). The cells here look, step by step, at what only a commit that runs a
+whole Kafka transaction has:
 
 - a crash before producing, in the middle of producing, and after the Kafka
   commit before the ledger, each recovered by the commit's retry, by the
   teardown and a clear, or by the sweep (nobody retries, no teardown ran);
 - a zombie committer: paused in the middle of producing, its ledger session
   lost, fenced by a rerun's commit, then resumed: it goes on producing;
-- two commits of one window at once (of one attempt, and two DAG runs).
+- two commits of one window at once (of one attempt, and two DAG runs);
+- ``airflow-eos sweep`` after a commit died after the Kafka commit and a
+  clear's stage died too, with no teardown: the window recorded from its
+  marker, the stale attempt aborted, its staging dropped.
 
 Each ends with harness.chaos.check: verify clean by lineage (every source
 record of the committed windows exactly once among the records of the
 committed transactions, whose tokens the ledger holds; offsets the committed
 prefix), each record's key, value and headers its source's, the topic read to
-its end as a read_committed consumer (no transaction left open), no live
+its end as a read_committed consumer, no transaction left open in it (a
+read_committed reader reaches each partition's end where its log ends), no live
 attempt or staging left. The embedded broker shows aborted records to
 read_committed readers: the cells count them, a real Kafka hides them.
 """
@@ -44,7 +49,7 @@ from airflow_eos import cli
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
 from airflow_eos.targets.kafka import client as kclient
 from harness.chaos import Harness, StepFailed, Verdict, abort_step, await_step, check, commit_step, plan_step
-from harness.chaos import run_step, stage_step
+from harness.chaos import LEFTOVERS, run_step, stage_step
 
 WINDOWS = (0, 1)
 # The embedded broker shows aborted transactions' records to read_committed
@@ -114,6 +119,10 @@ def crash_cell(point: str, recovery: str, url: str, source: dict, state_dir) -> 
             run_step(commit_step, p, staged, faults=f"{point}=crash*1", state_dir=state / "w0")
         assert failed.value.crashed
         assert attempt_states(p, 0) == [(1, "prepared")] and window_state(p, 0) == ("planned", None)
+        with psycopg.connect(p.url) as conn:
+            left = LEFTOVERS["kafka"](p, conn)
+        # The dead committer's transaction: open (mid-produce) until someone fences it; its staging, kept.
+        assert any("transaction left open" in x for x in left) == (point == "commit.mid_produce"), left
         swept = h.sweep()  # older_than=0: the dead run's attempt is stale
         assert swept == ([] if kafka_committed else [1]), h.history()
         if kafka_committed:  # the sweep finished the window from its marker: committed by attempt 1

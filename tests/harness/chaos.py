@@ -16,7 +16,11 @@ Spark job is replaced, by its Python stand-in (:func:`python_job`):
     await     steps.prepare                                     [checkpoint.before_prepare]
     commit    steps.commit: commit, mirror offsets to a         [commit.before_publish,
               consumer group, the summary (the Asset event's     commit.after_publish,
-              extra, recorded here)                              commit.after_commit]
+              extra, recorded here)                              commit.after_commit; files:
+                                                                 commit.after_decision,
+                                                                 commit.after_rename; kafka:
+                                                                 commit.mid_produce,
+                                                                 commit.after_kafka_commit]
     abort     steps.abort (teardown, setup = plan)              [abort.inside]
 
 A step whose window has faults at its points runs in a child process (forked
@@ -942,12 +946,68 @@ def _file_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
     return left
 
 
-# How each target keeps staging: what is left of the pipeline's attempts (the
-# Kafka target stages in the PostgreSQL target's staging tables).
+def _partition_ends(kafka_config: Mapping[str, Any], topic: str, isolation: str) -> dict[int, int]:
+    """partition -> the offset where a reader with ``isolation`` reaches the
+    partition's end (read from the start: never the reported high watermark)."""
+    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = Consumer({**kafka_config, "group.id": "eos-chaos-ends", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "isolation.level": isolation})
+    try:
+        partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
+        consumer.assign([KafkaTopicPartition(topic, n, 0) for n in partitions])
+        ends: dict[int, int] = {}
+        deadline = time.monotonic() + 30
+        while len(ends) < len(partitions):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"reading {topic} to its end ({isolation}) took more than 30 s")
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(f"reading {topic}: {msg.error()}")
+                ends[msg.partition()] = msg.offset()
+    finally:
+        consumer.close()
+    return ends
+
+
+def _kafka_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
+    """The staging tables (the PostgreSQL target's), and a transaction left
+    open in the target topic: where one is, a read_committed reader reaches
+    the partition's end at it (the last stable offset), before the log's end
+    (the embedded broker, which never times one out, ends it there too)."""
+    topic = p.target_topic or ""
+    committed = _partition_ends(p.kafka_config, topic, "read_committed")
+    written = _partition_ends(p.kafka_config, topic, "read_uncommitted")
+    return _postgres_leftovers(p, conn) + [
+        f"a transaction left open in {topic}[{n}]: read_committed readers end at {committed.get(n)}, its log at "
+        f"{end}; there: {_record_headers(p.kafka_config, topic, n, committed.get(n) or 0)}"
+        for n, end in sorted(written.items()) if committed.get(n) != end]
+
+
+def _record_headers(kafka_config: Mapping[str, Any], topic: str, partition: int, offset: int) -> dict | None:
+    """The lineage headers of the first record at or after ``offset`` (read_uncommitted)."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = Consumer({**kafka_config, "group.id": "eos-chaos-ends", "enable.auto.commit": False})
+    try:
+        consumer.assign([KafkaTopicPartition(topic, partition, offset)])
+        msg = consumer.poll(10)
+        if msg is None or msg.error():
+            return None
+        return {"offset": msg.offset(), **{k: v.decode() for k, v in msg.headers() or []
+                                            if k in ("eos-window-start", "eos-epoch", "eos-commit")}}
+    finally:
+        consumer.close()
+
+
+# How each target keeps staging: what is left of the pipeline's attempts.
 LEFTOVERS: dict[str, Callable[[Pipeline, psycopg.Connection], list[str]]] = {
     "postgres": _postgres_leftovers,
     "files": _file_leftovers,
-    "kafka": _postgres_leftovers,
+    "kafka": _kafka_leftovers,
 }
 
 
@@ -1078,10 +1138,10 @@ def _utc_text(value: Any) -> str | None:
 
 def _kafka_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
     """The target topic read as a read_committed consumer reads it, to its
-    end (which also proves no transaction of the pipeline was left open: an
-    open one stalls such a reader), keeping the records of the transactions
-    the ledger names as committed (the embedded broker shows aborted records
-    too; a real Kafka hides them). Verify checks their lineage against Kafka;
+    end (a transaction left open is a leftover: :func:`_kafka_leftovers`),
+    keeping the records of the transactions the ledger names as committed (the
+    embedded broker shows aborted records too; a real Kafka hides them).
+    Verify checks their lineage against Kafka;
     here each record's content: key = the order's id, value = its amount, the
     window and epoch headers those of its source record's committed window."""
     problems: list[str] = []
