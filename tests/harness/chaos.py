@@ -134,6 +134,15 @@ RECOVERIES = ("retry", "clear", "rerun_later", "backfill")
 T0 = datetime(2025, 1, 6, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)
 STEP_TIMEOUT_S = 120.0
+# The embedded broker (Tansu), unless EOS_KAFKA_BOOTSTRAP names a real Kafka.
+# When an init_transactions fences a dead producer's open transaction while
+# another transactional id has a transaction open on the same partition, it
+# leaves that partition's last stable offset stuck after both end (probed:
+# A and B open, A's process dies, A's successor initializes and commits, B
+# commits: read_committed readers end at A's successor's first record for
+# good). A real Kafka does not. The Kafka target's schedules therefore run
+# one window at a time there (see Schedule.draw).
+EMBEDDED_BROKER = not os.environ.get("EOS_KAFKA_BOOTSTRAP")
 
 
 # --------------------------------------------------------------------------- the source data
@@ -760,7 +769,7 @@ class Schedule:
         return cls(
             seed=seed, windows=n, on_committed=on_committed if on_committed in ON_COMMITTED[target] else "skip",
             retries=rng.choice((0, 0, 1, 2)),
-            parallel=rng.choice((1, 2, 4)), mirror=rng.random() < 0.3,
+            parallel=_parallel(rng.choice((1, 2, 4)), target), mirror=rng.random() < 0.3,
             max_records_per_task=rng.choice((5, 40)),
             faults=faults, order=tuple(order),
             zombies=tuple(rng.sample(range(n), k=rng.choice((0, 0, 1, 2)))),
@@ -781,6 +790,14 @@ class Schedule:
                 f"zombies {list(self.zombies)}, reruns {list(self.reruns)}, sweep={self.sweep_between}, "
                 f"sweep_during={self.sweep_during}; "
                 f"faults: {faults}")
+
+
+def _parallel(drawn: int, target: str) -> int:
+    """DAG runs at once: as drawn, but one at a time for the Kafka target on
+    the embedded broker (:data:`EMBEDDED_BROKER`: windows committing at once
+    there can leave a partition's last stable offset stuck; drawn all the
+    same, so the seed's later draws do not change)."""
+    return 1 if target == "kafka" and EMBEDDED_BROKER else drawn
 
 
 def _sweep_until(h: Harness, stop: threading.Event, rng: random.Random) -> None:
@@ -991,7 +1008,8 @@ def _record_headers(kafka_config: Mapping[str, Any], topic: str, partition: int,
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    consumer = Consumer({**kafka_config, "group.id": "eos-chaos-ends", "enable.auto.commit": False})
+    consumer = Consumer({**kafka_config, "group.id": "eos-chaos-ends", "enable.auto.commit": False,
+                         "isolation.level": "read_uncommitted"})
     try:
         consumer.assign([KafkaTopicPartition(topic, partition, offset)])
         msg = consumer.poll(10)
