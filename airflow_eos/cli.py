@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TextIO
 
@@ -132,19 +132,26 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run=cmd_verify)
 
     sweep = sub.add_parser(
-        "sweep", parents=[postgres_only], help="abort attempts left open too long (zombies)",
+        "sweep", parents=[with_kafka], help="abort attempts left open too long (zombies)",
         description="Abort every attempt still open, checkpointed or prepared that was opened longer ago than "
                     "--older-than, and drop its staging. Its window stays planned and can run again. The "
                     "duration must exceed the longest stage-to-commit time of a healthy run. Each target "
-                    "claimed in the ledger (a PostgreSQL table, a file target's root) is swept by its own sink; "
-                    "pipelines claimed for no target (planned before claims, or without their target) are "
-                    "swept as PostgreSQL ones.")
+                    "claimed in the ledger (a PostgreSQL table, a file target's root, a Kafka topic) is swept by "
+                    "its own sink; pipelines claimed for no target (planned before claims, or without their "
+                    "target) are swept as PostgreSQL ones. A Kafka topic's sink first finishes the window of a "
+                    "commit that died after the Kafka commit (recorded as committed, not aborted) and fences "
+                    "its producers (ending a transaction a dead committer left open): it needs the cluster, "
+                    "given by --kafka-bootstrap / --kafka-config, of the connection --kafka-conn-id names.")
     sweep.add_argument("--older-than", required=True, type=parse_duration, metavar="DURATION",
                        help="e.g. 30m, 2h, 1d or 1h30m")
     sweep.add_argument("--table", metavar="TABLE",
                        help="sweep only the pipelines claimed for this PostgreSQL table, and those claimed for "
                             "no target (aborting only drops their staging; the table itself is never touched)")
     sweep.add_argument("--dry-run", action="store_true", help="list what would be aborted, abort nothing")
+    sweep.add_argument("--kafka-conn-id", default="kafka_default", metavar="CONN_ID",
+                       help="the Airflow connection whose cluster --kafka-bootstrap / --kafka-config give: the "
+                            "Kafka topics published through it (targets kafka:CONN_ID/topic) are swept "
+                            "(default: %(default)s)")
     sweep.set_defaults(run=cmd_sweep)
 
     release = sub.add_parser(
@@ -371,10 +378,13 @@ def cmd_sweep(args, out: TextIO) -> int:
     if args.table:
         sinks = [PostgresTarget(url, args.table)]
     else:
-        sinks, unknown = _sweep_sinks(url, sorted(set(claimed.values())))
+        kafka = _kafka_config(args, required=False)
+        sinks, unknown = _sweep_sinks(url, sorted(set(claimed.values())), kafka, args.kafka_conn_id)
         for target in unknown:
-            print(f"not swept: target {target} (airflow-eos cannot build its sink; sweep it with "
-                  "Sink.sweep)", file=out)
+            why = (f"its cluster is not given: pass --kafka-conn-id {target[6:].partition('/')[0]} with its "
+                   "--kafka-bootstrap or --kafka-config" if target.startswith("kafka:")
+                   else "airflow-eos cannot build its sink; sweep it with Sink.sweep")
+            print(f"not swept: target {target} ({why})", file=out)
         sinks.append(PostgresTarget(url, "eos.windows"))  # pipelines claimed for no target
     verb = "would abort" if args.dry_run else "aborted"
     rows = []
@@ -393,17 +403,24 @@ def cmd_sweep(args, out: TextIO) -> int:
     return OK
 
 
-def _sweep_sinks(url: str, targets: Sequence[str]) -> tuple[list[Any], list[str]]:
+def _sweep_sinks(url: str, targets: Sequence[str], kafka_config: Mapping[str, Any] | None,
+                 kafka_conn_id: str) -> tuple[list[Any], list[str]]:
     """The sinks of the targets claimed in the ledger (each from its target id,
-    with the ledger's database), and the ids airflow-eos cannot build one of."""
+    with the ledger's database; a Kafka topic's only if it is published through
+    the connection ``kafka_conn_id``, whose cluster ``kafka_config`` is), and
+    the ids airflow-eos cannot build one of."""
     sinks: list[Any] = []
     unknown = []
     for target in targets:
         kind, _, name = target.partition(":")
+        conn_id, _, topic = name.partition("/")
         if kind == "postgresql":
             sinks.append(PostgresTarget(url, name))
         elif kind == "files":
             sinks.append(target_from_dict({"kind": "files", "path": name, "ledger_url": url}).sink())
+        elif kind == "kafka" and kafka_config is not None and conn_id == kafka_conn_id:
+            sinks.append(target_from_dict({"kind": "kafka", "topic": topic, "kafka_conn_id": conn_id,
+                                           "ledger_url": url, "kafka_config": dict(kafka_config)}).sink())
         else:
             unknown.append(target)
     return sinks, unknown

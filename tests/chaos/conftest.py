@@ -131,10 +131,15 @@ def new_pipeline(url: str, source: dict, name: str, *, on_committed: str = "skip
                  **kwargs) -> chaos.Pipeline:
     """A Pipeline with a target of its own, its ledger in the database at
     ``url``: ``target="postgres"``, a table there (for ``mode``);
-    ``target="files"``, a new directory ``root`` (under the test's tmp dir)."""
+    ``target="files"``, a new directory ``root`` (under the test's tmp dir);
+    ``target="kafka"``, a new topic on the source's cluster."""
     name = chaos.slug(name)[:40] + "_" + uuid.uuid4().hex[:6]
     table = ""
-    if target == "files":
+    target_topic = None
+    if target == "kafka":
+        target_topic = f"chaos-out-{name}"
+        chaos.create_topic(source["kafka_config"]["bootstrap.servers"], target_topic, PARTITIONS)
+    elif target == "files":
         if root is None:
             raise ValueError("a file target's pipeline needs root=<a directory under the test's tmp dir>")
         root = root / name
@@ -145,7 +150,7 @@ def new_pipeline(url: str, source: dict, name: str, *, on_committed: str = "skip
     return chaos.Pipeline(
         name=name, url=url, table=table, kafka_config=source["kafka_config"], topics=(source["topic"],),
         on_committed=on_committed, mode=mode, mirror_group=f"eos-mirror-{name}" if mirror else None,
-        target_kind=target, root=str(root) if target == "files" else None, **kwargs)
+        target_kind=target, root=str(root) if target == "files" else None, target_topic=target_topic, **kwargs)
 
 
 @pytest.fixture

@@ -2,7 +2,12 @@
 (the points its code reaches: harness.chaos.TARGET_POINTS), each ending with
 verify clean against Kafka: PostgreSQL 8 x 2 x 4 = 64 cells, the file target
 9 x 2 x 4 = 72 (its commit is a two-phase commit: ``commit.after_decision``
-and ``commit.after_rename`` instead of ``commit.after_publish``).
+and ``commit.after_rename`` instead of ``commit.after_publish``), the Kafka
+target 7 x 2 x 4 = 56: the points of its own code (the stage's write into its
+staging, its commit with ``commit.mid_produce`` and
+``commit.after_kafka_commit``, its abort). Its plan, checkpoint and prepare
+are the core's over the PostgreSQL target's staging tables, tested there
+(:data:`CORE_POINTS`; the randomized schedules still draw them for it).
 
 Each cell runs two neighbouring windows of a fresh pipeline; the first carries
 the fault, firing once (``point=action*1``), so that the recovery meets exactly
@@ -38,6 +43,12 @@ from harness.chaos import ACTIONS, POINT_STEPS, RECOVERIES, TARGET_POINTS, TARGE
 
 WINDOWS = (0, 1)
 FAULTY = 0
+# Points in code that no target of its own runs: the plan, and the checkpoint
+# and prepare over a staging the target shares with PostgreSQL (the Kafka
+# target's). Matrix cells of a target that shares them would test PostgreSQL's
+# code again; the matrix keeps them for the targets whose code they are in.
+CORE_POINTS = frozenset({"plan.after_freeze", "stage.before_checkpoint", "checkpoint.before_prepare"})
+MATRIX_POINTS = {t: TARGET_POINTS[t] - (CORE_POINTS if t == "kafka" else frozenset()) for t in TARGETS}
 
 
 def first_failure(outcome, step):
@@ -97,7 +108,7 @@ def matrix(request, chaos_db, chaos_source, tmp_path_factory):
 
 @pytest.mark.parametrize("recovery", RECOVERIES)
 @pytest.mark.parametrize("action", ACTIONS)
-@pytest.mark.parametrize(("target", "point"), [(t, point) for t in TARGETS for point in sorted(TARGET_POINTS[t])])
+@pytest.mark.parametrize(("target", "point"), [(t, point) for t in TARGETS for point in sorted(MATRIX_POINTS[t])])
 def test_fault_then_recovery_is_exactly_once(target, point, action, recovery, matrix, tally):
     result = matrix[target, point, action, recovery]
     if isinstance(result, BaseException):

@@ -11,9 +11,12 @@ random order until all are committed. It ends with verify clean against Kafka
 and the totals (see chaos.check).
 
 Every seed runs on every target (harness.chaos.TARGETS): PostgreSQL (its
-publishing mode drawn from the seed) and the file target (faults drawn from the
-points its code reaches). A seed's PostgreSQL schedule is the one it drew
-before the file target existed.
+publishing mode drawn from the seed), the file target and the Kafka target
+(faults drawn from the points each one's code reaches; on the Kafka target a
+clear of a committed window always skips: ``replace`` does not exist for a
+topic, harness.chaos.ON_COMMITTED; on the embedded broker its windows run one
+at a time: a broker bug, harness.chaos.EMBEDDED_BROKER). A seed's PostgreSQL
+schedule is the one it drew before the other targets existed.
 
     EOS_CHAOS_N     schedules to run per target (CI: 10; `make chaos N=200` runs more)
     EOS_CHAOS_SEED  the first seed (default: random); schedule k uses seed + k

@@ -16,7 +16,11 @@ Spark job is replaced, by its Python stand-in (:func:`python_job`):
     await     steps.prepare                                     [checkpoint.before_prepare]
     commit    steps.commit: commit, mirror offsets to a         [commit.before_publish,
               consumer group, the summary (the Asset event's     commit.after_publish,
-              extra, recorded here)                              commit.after_commit]
+              extra, recorded here)                              commit.after_commit; files:
+                                                                 commit.after_decision,
+                                                                 commit.after_rename; kafka:
+                                                                 commit.mid_produce,
+                                                                 commit.after_kafka_commit]
     abort     steps.abort (teardown, setup = plan)              [abort.inside]
 
 A step whose window has faults at its points runs in a child process (forked
@@ -82,9 +86,10 @@ from airflow_eos.core.source import KafkaLog
 from airflow_eos.core.target import TargetSpec
 from airflow_eos.targets.files import FileTarget
 from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR, TRASH_DIR
+from airflow_eos.targets.kafka import KafkaTarget
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW, STAGING_SCHEMA, PostgresTarget
 from airflow_eos.verify import VerifyReport, verify
-from airflow_eos.core.windows import TopicPartition, Window, WindowPlan, to_millis
+from airflow_eos.core.windows import TopicPartition, Window, WindowPlan, to_millis, to_utc
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +106,43 @@ POINT_STEPS: dict[str, tuple[str, ...]] = {
     "commit.after_commit": ("commit",),
     "commit.after_decision": ("commit",),
     "commit.after_rename": ("commit",),
+    "commit.mid_produce": ("commit",),
+    "commit.after_kafka_commit": ("commit",),
     "abort.inside": ("stage", "abort"),  # the stage job's own abort after a failure, and the teardown
 }
 assert set(POINT_STEPS) == POINTS, "a fault point was added: say where it fires"
 # The targets the driver builds, and the fault points each one's code reaches
 # (the points of a two-phase commit without transactions are the file
-# target's; a commit inside one transaction is PostgreSQL's).
-TARGETS = ("postgres", "files")
+# target's; a commit inside one transaction is PostgreSQL's; the Kafka target
+# runs a Kafka transaction inside its ledger transaction: it has PostgreSQL's
+# points and two of its own).
+TARGETS = ("postgres", "files", "kafka")
+_FILE_POINTS = frozenset({"commit.after_decision", "commit.after_rename"})
+_KAFKA_POINTS = frozenset({"commit.mid_produce", "commit.after_kafka_commit"})
 TARGET_POINTS: dict[str, frozenset[str]] = {
-    "postgres": POINTS - {"commit.after_decision", "commit.after_rename"},
-    "files": POINTS - {"commit.after_publish"},
+    "postgres": POINTS - _FILE_POINTS - _KAFKA_POINTS,
+    "files": POINTS - {"commit.after_publish"} - _KAFKA_POINTS,
+    "kafka": POINTS - _FILE_POINTS,
 }
+# What clearing a committed window can do on each target: a topic is
+# append-only, so the Kafka target only skips (it refuses "replace").
+ON_COMMITTED: dict[str, tuple[str, ...]] = {"postgres": ("skip", "replace"), "files": ("skip", "replace"),
+                                           "kafka": ("skip",)}
 assert set().union(*TARGET_POINTS.values()) == POINTS, "a fault point was added: say which targets reach it"
 ACTIONS = ("raise", "crash")
 RECOVERIES = ("retry", "clear", "rerun_later", "backfill")
 T0 = datetime(2025, 1, 6, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)
 STEP_TIMEOUT_S = 120.0
+# The embedded broker (Tansu), unless EOS_KAFKA_BOOTSTRAP names a real Kafka.
+# When an init_transactions fences a dead producer's open transaction while
+# another transactional id has a transaction open on the same partition, it
+# leaves that partition's last stable offset stuck after both end (probed:
+# A and B open, A's process dies, A's successor initializes and commits, B
+# commits: read_committed readers end at A's successor's first record for
+# good). A real Kafka does not. The Kafka target's schedules therefore run
+# one window at a time there (see Schedule.draw).
+EMBEDDED_BROKER = not os.environ.get("EOS_KAFKA_BOOTSTRAP")
 
 
 # --------------------------------------------------------------------------- the source data
@@ -256,7 +281,9 @@ class Pipeline:
 
     The target is a PostgreSQL table (``target_kind="postgres"``: ``table`` in
     the ledger's database, in ``mode``) or a directory of Parquet partitions
-    (``"files"``: ``root``, with the ledger at ``url``). The steps, the stage
+    (``"files"``: ``root``, with the ledger at ``url``) or a Kafka topic
+    (``"kafka"``: ``target_topic`` on the source's cluster, its staging and
+    ledger at ``url``). The steps, the stage
     job's stand-in and the checks see only its Sink (:attr:`target`)."""
 
     name: str
@@ -271,13 +298,27 @@ class Pipeline:
     batch_rows: int = 8  # stage.mid_write fires after a batch is written, before its task's chunk is committed
     target_kind: str = "postgres"  # one of TARGETS
     root: str | None = None  # the file target's root directory
+    target_topic: str | None = None  # the Kafka target's topic (on the source's cluster)
 
     @property
     def spec(self) -> TargetSpec:
         """The bound target spec, as a DAG's target after its hook resolved the connections."""
         if self.target_kind == "files":
             return FileTarget(path=self.root or "", ledger_url=self.url, on_committed=self.on_committed)
+        if self.target_kind == "kafka":
+            # A record per order: the order's id as key, its amount as value.
+            return KafkaTarget(topic=self.target_topic or "", key_column="id", value_column="amount",
+                               kafka_config=dict(self.kafka_config), ledger_url=self.url,
+                               on_committed=self.on_committed)
         return PostgresTarget(self.url, self.table, mode=self.mode, on_committed=self.on_committed)
+
+    @property
+    def claimed_target(self) -> str | None:
+        """The target id the plan claims the pipeline for: the Kafka target's
+        (its sink sweeps only the pipelines claimed for it); None for the
+        others, planned as before claims named targets (their sinks sweep
+        unclaimed pipelines they can tell are theirs)."""
+        return self.spec.target_id if self.target_kind == "kafka" else None
 
     @property
     def target(self) -> Sink:
@@ -298,7 +339,8 @@ class Pipeline:
 def plan_step(p: Pipeline, window: Window) -> dict:
     """EosPlanWindowOperator: steps.plan (the window is closed in these tests)."""
     with KafkaLog(dict(p.kafka_config)) as kafka_log:
-        plan = steps.plan(p.ledger, kafka_log, PlanRequest(window, p.topics, timedelta(minutes=5)))
+        plan = steps.plan(p.ledger, kafka_log, PlanRequest(window, p.topics, timedelta(minutes=5),
+                                                           target_id=p.claimed_target))
     if plan is None:
         raise NotReady(f"window {window} is not closed")
     return plan.to_dict()
@@ -728,9 +770,11 @@ class Schedule:
         rng.shuffle(order)
         for i in rng.sample(range(n), k=rng.choice((0, 0, 1))):  # a duplicate run: a clear while running
             order.insert(rng.randrange(len(order) + 1), i)
+        on_committed = rng.choice(("skip", "replace"))
         return cls(
-            seed=seed, windows=n, on_committed=rng.choice(("skip", "replace")), retries=rng.choice((0, 0, 1, 2)),
-            parallel=rng.choice((1, 2, 4)), mirror=rng.random() < 0.3,
+            seed=seed, windows=n, on_committed=on_committed if on_committed in ON_COMMITTED[target] else "skip",
+            retries=rng.choice((0, 0, 1, 2)),
+            parallel=_parallel(rng.choice((1, 2, 4)), target), mirror=rng.random() < 0.3,
             max_records_per_task=rng.choice((5, 40)),
             faults=faults, order=tuple(order),
             zombies=tuple(rng.sample(range(n), k=rng.choice((0, 0, 1, 2)))),
@@ -751,6 +795,14 @@ class Schedule:
                 f"zombies {list(self.zombies)}, reruns {list(self.reruns)}, sweep={self.sweep_between}, "
                 f"sweep_during={self.sweep_during}; "
                 f"faults: {faults}")
+
+
+def _parallel(drawn: int, target: str) -> int:
+    """DAG runs at once: as drawn, but one at a time for the Kafka target on
+    the embedded broker (:data:`EMBEDDED_BROKER`: windows committing at once
+    there can leave a partition's last stable offset stuck; drawn all the
+    same, so the seed's later draws do not change)."""
+    return 1 if target == "kafka" and EMBEDDED_BROKER else drawn
 
 
 def _sweep_until(h: Harness, stop: threading.Event, rng: random.Random) -> None:
@@ -927,10 +979,69 @@ def _file_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
     return left
 
 
+def _partition_ends(kafka_config: Mapping[str, Any], topic: str, isolation: str) -> dict[int, int]:
+    """partition -> the offset where a reader with ``isolation`` reaches the
+    partition's end (read from the start: never the reported high watermark)."""
+    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = Consumer({**kafka_config, "group.id": "eos-chaos-ends", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "isolation.level": isolation})
+    try:
+        partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
+        consumer.assign([KafkaTopicPartition(topic, n, 0) for n in partitions])
+        ends: dict[int, int] = {}
+        deadline = time.monotonic() + 30
+        while len(ends) < len(partitions):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"reading {topic} to its end ({isolation}) took more than 30 s")
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(f"reading {topic}: {msg.error()}")
+                ends[msg.partition()] = msg.offset()
+    finally:
+        consumer.close()
+    return ends
+
+
+def _kafka_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
+    """The staging tables (the PostgreSQL target's), and a transaction left
+    open in the target topic: where one is, a read_committed reader reaches
+    the partition's end at it (the last stable offset), before the log's end
+    (the embedded broker, which never times one out, ends it there too)."""
+    topic = p.target_topic or ""
+    committed = _partition_ends(p.kafka_config, topic, "read_committed")
+    written = _partition_ends(p.kafka_config, topic, "read_uncommitted")
+    return _postgres_leftovers(p, conn) + [
+        f"a transaction left open in {topic}[{n}]: read_committed readers end at {committed.get(n)}, its log at "
+        f"{end}; there: {_record_headers(p.kafka_config, topic, n, committed.get(n) or 0)}"
+        for n, end in sorted(written.items()) if committed.get(n) != end]
+
+
+def _record_headers(kafka_config: Mapping[str, Any], topic: str, partition: int, offset: int) -> dict | None:
+    """The lineage headers of the first record at or after ``offset`` (read_uncommitted)."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = Consumer({**kafka_config, "group.id": "eos-chaos-ends", "enable.auto.commit": False,
+                         "isolation.level": "read_uncommitted"})
+    try:
+        consumer.assign([KafkaTopicPartition(topic, partition, offset)])
+        msg = consumer.poll(10)
+        if msg is None or msg.error():
+            return None
+        return {"offset": msg.offset(), **{k: v.decode() for k, v in msg.headers() or []
+                                            if k in ("eos-window-start", "eos-epoch", "eos-commit")}}
+    finally:
+        consumer.close()
+
+
 # How each target keeps staging: what is left of the pipeline's attempts.
 LEFTOVERS: dict[str, Callable[[Pipeline, psycopg.Connection], list[str]]] = {
     "postgres": _postgres_leftovers,
     "files": _file_leftovers,
+    "kafka": _kafka_leftovers,
 }
 
 
@@ -1059,10 +1170,57 @@ def _utc_text(value: Any) -> str | None:
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(timezone.utc).isoformat()
 
 
+def _kafka_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
+    """The target topic read as a read_committed consumer reads it, to its
+    end (a transaction left open is a leftover: :func:`_kafka_leftovers`),
+    keeping the records of the transactions the ledger names as committed (the
+    embedded broker shows aborted records too; a real Kafka hides them).
+    Verify checks their lineage against Kafka;
+    here each record's content: key = the order's id, value = its amount, the
+    window and epoch headers those of its source record's committed window."""
+    problems: list[str] = []
+    committed = {to_utc(ws).isoformat(): (epoch, int(token)) for ws, epoch, token in conn.execute(
+        "SELECT window_start, epoch, token FROM eos.kafka_commits WHERE pipeline = %s", (p.name,))}
+    expected: dict[tuple[str, int, int], tuple[str, bytes, bytes]] = {}  # lineage -> (window start, key, value)
+    for i in windows:
+        window = p.window(i)
+        plan = p.ledger.load_plan(conn, window)
+        if plan is None:
+            continue  # reported as not committed
+        for r in plan.ranges:
+            for offset, value in kafka_records(p.kafka_config, r.topic, r.partition, r.start_offset,
+                                               r.end_offset).items():
+                try:
+                    order = json.loads(value)
+                    n, amount = int(order["n"]), Decimal(order["amount"])
+                except (ValueError, TypeError, KeyError):
+                    continue  # a dead letter: verify checks it
+                expected[r.topic, r.partition, offset] = (window.start.isoformat(), str(n).encode(),
+                                                          str(amount).encode())
+    sink = p.target
+    records = sink.published_records(p.name, committed_only={(ws, token) for ws, (_, token) in committed.items()})
+    wrong = []
+    for r in records:
+        h = r["headers"]
+        lineage = (h.get("eos-topic"), int(h.get("eos-partition", -1)), int(h.get("eos-offset", -1)))
+        want = expected.get(lineage)
+        if want is None:
+            continue  # extra: verify reports it
+        window_start, key, value = want
+        if (h["eos-window-start"], r["key"], r["value"]) != (window_start, key, value) \
+                or int(h["eos-epoch"]) != committed[window_start][0]:
+            wrong.append((lineage, r["key"], r["value"], h["eos-window-start"], h["eos-epoch"]))
+    if wrong:
+        problems.append(f"{len(wrong)} record(s) of topic {sink.topic} with another key, value, window or epoch "
+                        f"than their source record's committed window: {wrong[:5]}")
+    return problems
+
+
 # How to read each target as its readers do, where the ledger's database is not
 # where they read it (a PostgreSQL target is read by verify itself).
 READERS: dict[str, Callable[[Pipeline, psycopg.Connection, Sequence[int]], list[str]]] = {
     "files": _file_reader_problems,
+    "kafka": _kafka_reader_problems,
 }
 
 
@@ -1071,7 +1229,8 @@ def slug(text: str) -> str:
 
 
 __all__ = [
-    "ACTIONS", "LEFTOVERS", "POINT_STEPS", "READERS", "RECOVERIES", "STEPS", "T0", "TARGETS", "TARGET_POINTS", "HOUR",
+    "ACTIONS", "LEFTOVERS", "ON_COMMITTED", "POINT_STEPS", "READERS", "RECOVERIES", "STEPS", "T0", "TARGETS",
+    "TARGET_POINTS", "HOUR",
     "Harness", "Pipeline", "RunOutcome", "Schedule", "SparkStager", "StepFailed", "Verdict", "Zombie",
     "abort_step", "await_step", "check", "commit_step", "create_target_table", "create_topic",
     "faults_for", "plan_step", "produce", "record_value", "run_schedule", "run_step", "source_records",

@@ -31,12 +31,20 @@ class KafkaAbort:
         transaction; a prepared attempt's window is finished first (its
         transaction may have committed in Kafka). A committed attempt is left
         alone."""
-        with self.ledger.connect() as conn:
+        with self.ledger.connect() as conn, conn.transaction():
+            # The window's lock before the attempt's state: a commit holds it
+            # from its checks to its ledger record, so no commit runs while
+            # this reads; a commit that reached Kafka and died left its
+            # attempt prepared, and an attempt read otherwise never reached
+            # Kafka (read without the lock, a commit could prepare, commit in
+            # Kafka and die between the read and the abort, whose dropped
+            # staging would lose the window's dead letters).
+            conn.execute("SELECT 1 FROM eos.windows WHERE pipeline = %s AND window_start = %s FOR UPDATE",
+                         (attempt.pipeline, attempt.window_start))
             row = conn.execute("SELECT state FROM eos.attempts WHERE pipeline = %s AND window_start = %s"
                                " AND epoch = %s", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
-        if row is not None and row[0] == PREPARED:
-            self.finish(attempt.window)
-        with self.ledger.connect() as conn, conn.transaction():
+            if row is not None and row[0] == PREPARED:
+                self.finish_locked(conn, attempt.window)
             aborted = attempts.mark_aborted(conn, attempt, reason)
             fault_point("abort.inside")
             if aborted:

@@ -170,18 +170,23 @@ class KafkaCommit:
         this before aborting): fences the window's producers, reads the
         marker. Returns the attempt recorded as committed, or None."""
         with self.ledger.connect() as conn, conn.transaction():
-            row = conn.execute("SELECT state FROM eos.windows WHERE pipeline = %s AND window_start = %s FOR UPDATE",
-                               (window.pipeline, window.start)).fetchone()
-            if row is None or row[0] == COMMITTED:
-                return None
-            plan = self.ledger.load_plan(conn, window)
-            ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
-            producer = self._init_producer(window)
-            del producer
-            marker = client.read_marker(self.kafka_config, self.marker_group(window), self.topic, ends)
-            if marker is None:
-                return None
-            committed = self._record_marker(conn, window, marker)
+            return self.finish_locked(conn, window)
+
+    def finish_locked(self, conn: psycopg.Connection, window: Window) -> Attempt | None:
+        """:meth:`finish` in the caller's ledger transaction (which then holds
+        the window's row lock, as a commit does)."""
+        row = conn.execute("SELECT state FROM eos.windows WHERE pipeline = %s AND window_start = %s FOR UPDATE",
+                           (window.pipeline, window.start)).fetchone()
+        if row is None or row[0] == COMMITTED:
+            return None
+        plan = self.ledger.load_plan(conn, window)
+        ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
+        producer = self._init_producer(window)
+        del producer
+        marker = client.read_marker(self.kafka_config, self.marker_group(window), self.topic, ends)
+        if marker is None:
+            return None
+        committed = self._record_marker(conn, window, marker)
         log.info("%s: its transaction had committed in Kafka; the ledger is told now", committed)
         return committed
 
