@@ -35,7 +35,11 @@ partitions, all inside one hourly window):
    The file target (issue 18): ``dags/orders_hourly_files.py`` on the same
    server (FileTarget: the window as a Parquet partition directory), with
    Spark's native Parquet write of the same rows as its ceiling, both
-   ``--repeats`` times interleaved (files.py);
+   ``--repeats`` times interleaved (files.py); the Kafka target (issue 19):
+   ``dags/orders_to_topic.py`` on the same server (KafkaTarget: the window
+   in one producer transaction into a fresh topic), with one transaction of
+   a transactional producer producing the same records as its ceiling, both
+   ``--repeats`` times interleaved (kafka.py);
 
 4. CPU: the core-seconds each part of the run (broker, Spark, PostgreSQL,
    this process) spent in each ceiling and window, and what they imply: the
@@ -45,7 +49,7 @@ partitions, all inside one hourly window):
 The parts, one module each (beside this file, which is the CLI and composes
 them): records.py (the records and shared constants), measure.py (CpuMeter,
 TreeMemory, the median run), ceilings.py (1), windows.py (2, reading each
-task's figures from its XCom), files.py (2c, the file target), baseline.py (3, and the ``alo-job`` this file
+task's figures from its XCom), files.py (2c, the file target), kafka.py (2d, the Kafka target), baseline.py (3, and the ``alo-job`` this file
 runs under spark-submit), machine.py and report.py (results.json, results.md).
 
     make bench SIZES=10000,100000,1000000
@@ -78,6 +82,7 @@ from baseline import (  # noqa: E402
 )
 from ceilings import measure_ceilings  # noqa: E402
 from files import files_headline, files_ratios, measure_files  # noqa: E402
+from kafka import kafka_headline, kafka_ratios, measure_kafka  # noqa: E402
 from machine import heavy_processes, machine_info  # noqa: E402
 from measure import CpuMeter, checkpoint, median_run  # noqa: E402
 from records import HERE, HOUR, PARTITIONS, TOPIC, produce  # noqa: E402
@@ -199,6 +204,7 @@ def finish(results: dict, run: Run, args: argparse.Namespace) -> None:
     results["note"] = args.note
     results.update(headline(results))
     results.update(files_headline(results))
+    results.update(kafka_headline(results))
     write_results(results, args.out)
     print(f"\nwritten {args.out / 'results.md'} and {args.out / 'results.json'}")
     print(render_markdown(results))
@@ -211,7 +217,7 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     """Every measurement of a window of ``size`` records (the ``k``-th size)."""
     print(f"\n== window of {size:,} records", flush=True)
     # One database per way of staging: the same window, each with a ledger of its own.
-    modes = (("submit", "connect") + tuple(f"{kind}_{j}" for kind in ("partitioned", "files")
+    modes = (("submit", "connect") + tuple(f"{kind}_{j}" for kind in ("partitioned", "files", "kafka")
                                            for j in range(bench.repeats))
              + (("warm_up",) if k == 0 else ()))
     urls = create_databases(bench, {mode: f"bench_{size}_{mode}_{os.getpid()}" for mode in modes})
@@ -231,6 +237,8 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     r["ratios"] = ratios(r, size, bench.cores)
     r.update(measure_files(bench, size, ends, urls, run_after + HOUR / 2))
     r.update(files_ratios(r))
+    r.update(measure_kafka(bench, size, ends, urls, run_after + HOUR / 2))
+    r.update(kafka_ratios(r))
     drop_databases(bench, urls)
     return r
 

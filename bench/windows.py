@@ -106,4 +106,4 @@ def load_dags() -> dict:
 
     db.initdb()
     return {name: runpy.run_path(str(REPO / "dags" / f"{name}.py"))["dag"]
-            for name in ("orders_hourly", "orders_hourly_partitioned", "orders_hourly_files")}
+            for name in ("orders_hourly", "orders_hourly_partitioned", "orders_hourly_files", "orders_to_topic")}

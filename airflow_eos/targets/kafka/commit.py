@@ -13,7 +13,6 @@ rerun, the abort task, the sweep).
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -80,7 +79,8 @@ class KafkaCommit:
             plan = self.ledger.load_plan(conn, attempt.window)
             ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
             client.check_topic(self.kafka_config, self.topic)
-            producer = self._init_producer(attempt)
+            failures: list[tuple] = []
+            producer = self._init_producer(attempt, failures)
             marker = client.read_marker(self.kafka_config, self.marker_group(attempt), self.topic, ends)
             if marker is not None:
                 committed = self._record_marker(conn, attempt.window, marker)
@@ -98,7 +98,8 @@ class KafkaCommit:
                                   "nothing published, stage the window again:\n  " + "\n  ".join(problems),
                                   missing=problems)
             token = client.new_token(attempt.epoch)
-            produced = self._produce(conn, producer, attempt, token, [c.chunk for c in checkpoint.chunks], ends)
+            produced = self._produce(conn, producer, failures, attempt, token, [c.chunk for c in checkpoint.chunks],
+                                     ends)
             fault_point("commit.after_kafka_commit")
             self._record(conn, attempt, token, checkpoint.row_count, produced)
             status = attempts.load_status(conn, attempt)
@@ -192,10 +193,21 @@ class KafkaCommit:
 
     # ------------------------------------------------------------------ the Kafka transaction
 
-    def _init_producer(self, window: Window | Attempt):
+    def _init_producer(self, window: Window | Attempt, failures: list[tuple] | None = None):
+        """The window's transactional producer, initialised (every other
+        producer of the window fenced). Failed deliveries go into
+        ``failures`` as (error, key, value): one producer-wide callback
+        called only for failures, not a callback per record (a quarter of
+        the produce loop's time)."""
         from confluent_kafka import KafkaException
         tx_id = self.transactional_id(window)
-        producer = client.producer(self.kafka_config, tx_id, self.producer_config)
+        reports = {}
+        if failures is not None:
+            def failed(err, msg) -> None:
+                if err is not None and len(failures) < 5:
+                    failures.append((err.str(), msg.key(), msg.value()))
+            reports = {"on_delivery": failed, "delivery.report.only.error": True}
+        producer = client.producer(self.kafka_config, tx_id, {**self.producer_config, **reports})
         try:
             producer.init_transactions(client.TIMEOUT)
         except KafkaException as exc:
@@ -203,14 +215,17 @@ class KafkaCommit:
                               f"{exc.args[0]}") from exc
         return producer
 
-    def _produce(self, conn: psycopg.Connection, producer, attempt: Attempt, token: int, chunks: list[int],
-                 ends: Mapping[TopicPartition, int]) -> int:
+    def _produce(self, conn: psycopg.Connection, producer, failures: list[tuple], attempt: Attempt, token: int,
+                 chunks: list[int], ends: Mapping[TopicPartition, int]) -> int:
         """One Kafka transaction: every checkpointed staged row as a record,
         then the marker offsets; commit. Returns the records produced.
-        Aborts the transaction (and raises) on any error."""
+        Aborts the transaction (and raises) on any error.
+
+        The rows come through a binary server-side cursor with the lineage
+        already as the header's bytes (``convert_to`` in the query): bytea
+        columns arrive as bytes, nothing is converted per row in Python."""
         from confluent_kafka import Consumer, KafkaException
         from psycopg import sql
-        errors: list[str] = []
         produced = 0
         group = self.marker_group(attempt)
         fixed = [(client.H_PIPELINE, attempt.pipeline.encode()),
@@ -220,45 +235,41 @@ class KafkaCommit:
         key_at = 0 if self.key_column else None
         value_at = 1 if self.key_column else 0
         headers_at = value_at + 1
+        header_names = list(enumerate(self.header_columns, headers_at))
+        h_topic, h_partition, h_offset = client.H_TOPIC, client.H_PARTITION, client.H_OFFSET
         rows_table, _ = staging_ids(attempt.staging)
         total = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {} = ANY(%s)").format(
             rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,)).fetchone()[0]
         midpoint = max(1, total // 2)
 
-        def delivered(source: str, err, msg) -> None:
-            if err is not None and len(errors) < 5:
-                errors.append(f"{source}: {err.str()}")
-
         producer.begin_transaction()
         try:
             fault_point("commit.before_publish")
-            columns = [*self.record_columns, "eos_topic", "eos_partition", "eos_offset"]
-            with conn.cursor(name=f"eos_kafka_{attempt.epoch}") as cur:
+            lineage = [sql.SQL("convert_to({}::text, 'UTF8')").format(sql.Identifier(c))
+                       for c in client.LINEAGE_COLUMNS]
+            with conn.cursor(name=f"eos_kafka_{attempt.epoch}", binary=True) as cur:
                 cur.itersize = FETCH_ROWS
                 cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s) ORDER BY eos_topic, eos_partition,"
-                                    " eos_offset").format(sql.SQL(", ").join(map(sql.Identifier, columns)),
-                                                          rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,))
+                                    " eos_offset").format(
+                    sql.SQL(", ").join([*map(sql.Identifier, self.record_columns), *lineage]),
+                    rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,))
                 for row in cur:
                     topic, partition, offset = row[-3:]
-                    source = f"source record {topic}[{partition}]@{offset}"
-                    headers = fixed + [(client.H_TOPIC, str(topic).encode()),
-                                       (client.H_PARTITION, str(partition).encode()),
-                                       (client.H_OFFSET, str(offset).encode())]
-                    headers += [(name, bytes(row[headers_at + i])) for i, name in enumerate(self.header_columns)
-                                if row[headers_at + i] is not None]
-                    key = bytes(row[key_at]) if key_at is not None and row[key_at] is not None else None
-                    value = bytes(row[value_at]) if row[value_at] is not None else None
-                    self._send(producer, key, value, headers, source, functools.partial(delivered, source))
+                    headers = [*fixed, (h_topic, topic), (h_partition, partition), (h_offset, offset)]
+                    headers += [(name, row[i]) for i, name in header_names if row[i] is not None]
+                    key = row[key_at] if key_at is not None else None
+                    self._send(producer, key, row[value_at], headers, row[-3:])
                     produced += 1
-                    if errors:
+                    if failures:
                         break
                     if produced == midpoint:
                         producer.flush(client.TIMEOUT)
                         fault_point("commit.mid_produce")
             remaining = producer.flush(client.TIMEOUT)
-            if errors:
+            if failures:
                 raise TargetError(f"cannot publish {attempt} into topic {self.topic}: "
-                                  + "; ".join(errors) + " (nothing of the window is published: its transaction is "
+                                  + "; ".join(self._failed_sources(conn, rows_table, chunks, failures))
+                                  + " (nothing of the window is published: its transaction is "
                                   "aborted; a record too large needs the producer's message.max.bytes and the "
                                   "topic's max.message.bytes raised, or a smaller record)")
             if remaining:
@@ -287,15 +298,34 @@ class KafkaCommit:
                  self.topic, self.transactional_id(attempt), token)
         return produced
 
-    def _send(self, producer, key, value, headers, source: str, on_delivery) -> None:
+    def _failed_sources(self, conn: psycopg.Connection, rows_table, chunks: list[int],
+                        failures: list[tuple]) -> list[str]:
+        """Each failed delivery as "source record t[p]@o: error": a delivery
+        report has the record's key and value, not its headers, so its
+        source is looked up in the staging by them (on the error path only)."""
+        from psycopg import sql
+        named = []
+        for error, key, value in failures:
+            where = sql.SQL("{} IS NOT DISTINCT FROM %s AND ").format(sql.Identifier(self.key_column)) \
+                if self.key_column else sql.SQL("")
+            found = conn.execute(sql.SQL("SELECT eos_topic, eos_partition, eos_offset FROM {} WHERE {}{} = %s AND {} ="
+                                         " ANY(%s) ORDER BY eos_topic, eos_partition, eos_offset LIMIT 1").format(
+                rows_table, where, sql.Identifier(self.value_column), sql.Identifier(CHUNK_COLUMN)),
+                ([key] if self.key_column else []) + [value, chunks]).fetchone()
+            source = f"source record {found[0]}[{found[1]}]@{found[2]}" if found else "a record"
+            named.append(f"{source}: {error}")
+        return named
+
+    def _send(self, producer, key, value, headers, lineage: tuple[bytes, bytes, bytes]) -> None:
         from confluent_kafka import KafkaError, KafkaException
         while True:
             try:
-                producer.produce(self.topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
+                producer.produce(self.topic, value=value, key=key, headers=headers)
                 return
             except BufferError:
                 producer.poll(0.05)
             except KafkaException as exc:
+                source = "source record {}[{}]@{}".format(*(b.decode() for b in lineage))
                 error = exc.args[0]
                 size = len(value or b"") + len(key or b"")
                 if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
