@@ -49,7 +49,7 @@ from airflow_eos import cli
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
 from airflow_eos.targets.kafka import client as kclient
 from harness.chaos import Harness, StepFailed, Verdict, abort_step, await_step, check, commit_step, plan_step
-from harness.chaos import LEFTOVERS, run_step, stage_step
+from harness.chaos import LEFTOVERS, attempt_states, run_step, stage_step
 
 WINDOWS = (0, 1)
 # The embedded broker shows aborted transactions' records to read_committed
@@ -83,12 +83,6 @@ def window_state(p, i) -> tuple:
     with psycopg.connect(p.url) as conn:
         return conn.execute("SELECT state, committed_epoch FROM eos.windows WHERE pipeline = %s AND window_start = %s",
                             (p.name, p.window(i).start)).fetchone()
-
-
-def attempt_states(p, i) -> list[tuple[int, str]]:
-    with psycopg.connect(p.url) as conn:
-        return conn.execute("SELECT epoch, state FROM eos.attempts WHERE pipeline = %s AND window_start = %s"
-                            " ORDER BY epoch", (p.name, p.window(i).start)).fetchall()
 
 
 def staged_until_commit(p, i) -> dict:

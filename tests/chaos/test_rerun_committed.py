@@ -8,18 +8,11 @@ Through the production steps (harness.chaos), for every target."""
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 
-from harness.chaos import ON_COMMITTED, TARGETS, Harness, check
+from harness.chaos import ON_COMMITTED, TARGETS, Harness, attempt_states, check
 
 WINDOWS = (0, 1)
-
-
-def attempts(p) -> list[tuple[int, str]]:
-    with psycopg.connect(p.url) as conn:
-        return conn.execute("SELECT epoch, state FROM eos.attempts WHERE pipeline = %s AND window_start = %s"
-                            " ORDER BY epoch", (p.name, p.window(0).start)).fetchall()
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -37,7 +30,7 @@ def test_a_clear_of_a_committed_window_costs_no_attempt_and_emits_no_event(make_
     summary = again.summary
     assert (summary["outcome"], summary["epoch"], summary["committed_epoch"], summary["published_rows"]) == (
         "skipped", None, 1, first["published_rows"]), summary
-    assert attempts(p) == [(1, "committed")]  # no attempt opened, no epoch spent
+    assert attempt_states(p, 0) == [(1, "committed")]  # no attempt opened, no epoch spent
     assert len(h.asset_events[0]) == 1  # nothing downstream triggered
     tally.add(check(h, WINDOWS))
 
@@ -53,10 +46,10 @@ def test_a_clear_after_a_commit_that_died_before_its_step_ended_stages_and_annou
     cleared = h.run(0)  # committed in the ledger, never announced: a full run, its commit skipped, an event
     assert cleared.state == "success" and cleared.summary["outcome"] == "skipped", h.history()
     assert cleared.summary["epoch"] == 2 and cleared.summary["committed_epoch"] == 1
-    assert attempts(p) == [(1, "committed"), (2, "aborted")]
+    assert attempt_states(p, 0) == [(1, "committed"), (2, "aborted")]
     assert [e["outcome"] for e in h.asset_events[0]] == ["skipped"]
     again = h.run(0)  # announced now: no attempt
-    assert again.summary["epoch"] is None and attempts(p) == [(1, "committed"), (2, "aborted")], h.history()
+    assert again.summary["epoch"] is None and attempt_states(p, 0) == [(1, "committed"), (2, "aborted")], h.history()
     h.run(1)
     tally.add(check(h, WINDOWS))
 
@@ -68,7 +61,7 @@ def test_replace_always_stages_a_rerun(make_pipeline, tmp_path, tally, target):
     h.run(0)
     again = h.run(0)
     assert again.state == "success" and again.summary["outcome"] == "replaced", h.history()
-    assert attempts(p) == [(1, "committed"), (2, "committed")]  # both committed in turn; 2 is the window's
+    assert attempt_states(p, 0) == [(1, "committed"), (2, "committed")]  # both committed in turn; 2 is the window's
     assert [e["outcome"] for e in h.asset_events[0]] == ["published", "replaced"]
     h.run(1)
     tally.add(check(h, WINDOWS))

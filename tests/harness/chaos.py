@@ -939,6 +939,13 @@ def check(h: Harness, windows: Sequence[int], *, sweep_first: bool = False) -> V
     return Verdict(report, len(windows), n_attempts, h.runs)
 
 
+def attempt_states(p: Pipeline, i: int) -> list[tuple[int, str]]:
+    """(epoch, state) of window ``i``'s attempts, oldest first."""
+    with psycopg.connect(p.url) as conn:
+        return conn.execute("SELECT epoch, state FROM eos.attempts WHERE pipeline = %s AND window_start = %s"
+                            " ORDER BY epoch", (p.name, p.window(i).start)).fetchall()
+
+
 # --------------------------------------------------------------------------- per target: leftovers, readers
 
 

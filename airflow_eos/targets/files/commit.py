@@ -112,7 +112,7 @@ class FileCommit:
                     (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
                 return 0, bool(replaces and replaces[0] is not None), True
             replacing = status.window_state == WindowState.COMMITTED
-            if replacing and self.on_committed == "skip":
+            if replacing and not self.replaces_committed:
                 return skip_committed(conn, attempt, status)
             attempts.check_committable(attempt, status)
             checkpoint = attempts.load_checkpoint(conn, attempt)

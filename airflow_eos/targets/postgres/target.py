@@ -388,7 +388,7 @@ class PostgresTarget(TargetSpec, Sink):
                 return CommitResult(attempt, ALREADY_COMMITTED, status.committed_epoch, status.published_rows,
                                     status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
             replacing = status.window_state == WindowState.COMMITTED
-            if replacing and self.on_committed == "skip":
+            if replacing and not self.replaces_committed:
                 staging.drop(conn, attempt.staging)
                 return skip_committed(conn, attempt, status)
             attempts.check_committable(attempt, status)
