@@ -1,5 +1,6 @@
 """The example DAG orders_hourly_files through real Airflow (dag.test), real
-Spark (spark-submit, local[2]), the real broker and PostgreSQL (the ledger):
+Spark (spark-submit, local[2]; the tests of commits and clears on the
+session's warm Spark Connect server, tests/e2e/conftest.py), the real broker and PostgreSQL (the ledger):
 each window published as a Parquet partition directory. Every case ends audited
 by ``verify`` and by what ``spark.read.parquet(root)`` returns: every record of
 the committed windows' frozen ranges once, except the dead letters, nothing else."""
@@ -171,7 +172,7 @@ def test_a_stage_failing_on_its_first_try_is_retried_and_commits_once(
 
 
 def test_a_failed_window_publishes_nothing_and_a_clear_reruns_it_exactly_once(
-        airflow_connections, kafka_config, topics, monkeypatch, run_after, root, spark):
+        airflow_connections, kafka_config, topics, monkeypatch, run_after, root, spark, spark_connect):
     pg_url = airflow_connections
     fresh_topic(topics, "orders")
     produce_orders(topics, hours=1)
@@ -194,7 +195,7 @@ def test_a_failed_window_publishes_nothing_and_a_clear_reruns_it_exactly_once(
 
 
 def test_clearing_a_committed_window_skips_by_default(airflow_connections, kafka_config, topics, run_after, root,
-                                                      spark):
+                                                      spark, spark_connect):
     pg_url = airflow_connections
     fresh_topic(topics, "orders")
     produce_orders(topics, hours=1)
@@ -214,7 +215,7 @@ def test_clearing_a_committed_window_skips_by_default(airflow_connections, kafka
 
 
 def test_clearing_a_committed_window_with_replace_swaps_its_directory(airflow_connections, kafka_config, topics,
-                                                                     run_after, root, spark):
+                                                                     run_after, root, spark, spark_connect):
     """The same pipeline in a DAG whose FileTarget has on_committed='replace': a
     Clear of the committed window publishes the new attempt's files in place of
     the old ones, in one atomic exchange; the window's rows are there once."""

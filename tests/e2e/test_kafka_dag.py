@@ -1,5 +1,6 @@
 """The example DAG orders_to_topic through real Airflow (dag.test), real Spark
-(spark-submit, local[2]), the broker (source and target topic) and PostgreSQL
+(spark-submit, local[2]; the tests of commits and clears on the session's warm
+Spark Connect server, tests/e2e/conftest.py), the broker (source and target topic) and PostgreSQL
 (the ledger and the staging): each window published into the topic
 ``orders_curated`` in one Kafka transaction. Every case ends audited by
 ``verify`` and by a ``read_committed`` consumer of the topic that sees each
@@ -23,11 +24,9 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import to_utc
 from airflow_eos.verify import verify
 
-import test_spark_connect
 from conftest import run_window, states  # tests/e2e/conftest.py
 from test_files_dag import commit_summary, expected_lineage, skipped_rerun_summary
 from test_orders_dag import HOUR, T0, fresh_topic, load_dag, produce_orders, sql, window_date
-from test_spark_connect import use_spark_connect
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +34,6 @@ PIPELINE = "orders_to_topic"
 TOPIC = "orders_curated"
 TOPIC_PARTITIONS = 3
 _runs = itertools.count()
-
-connect_server = test_spark_connect.connect_server  # a local Spark Connect server (one for the module)
 
 
 @pytest.fixture
@@ -149,7 +146,8 @@ def test_a_stage_failing_on_its_first_try_is_retried_and_publishes_once(
     ("commit.after_kafka_commit", "already_committed"),  # Kafka committed, the ledger was not told: the marker says
 ])
 def test_a_commit_crashing_on_its_first_try_is_retried_and_publishes_once(
-        airflow_connections, kafka_config, topics, curated, monkeypatch, tmp_path, run_after, fault, outcome):
+        airflow_connections, kafka_config, topics, curated, monkeypatch, tmp_path, run_after, fault, outcome,
+        spark_connect):
     pg_url = airflow_connections
     counts = produce_orders(topics, hours=1)
     monkeypatch.setenv("EOS_FAULTS", f"{fault}=raise*1")
@@ -172,7 +170,8 @@ def test_a_commit_crashing_on_its_first_try_is_retried_and_publishes_once(
         assert len(seen) == counts["good"][0]  # one transaction, committed once
 
 
-def test_clearing_a_committed_window_skips_it(airflow_connections, kafka_config, topics, curated, run_after):
+def test_clearing_a_committed_window_skips_it(airflow_connections, kafka_config, topics, curated, run_after,
+                                              spark_connect):
     pg_url = airflow_connections
     counts = produce_orders(topics, hours=1)
     dag = load_dag(PIPELINE)
@@ -190,12 +189,11 @@ def test_clearing_a_committed_window_skips_it(airflow_connections, kafka_config,
 
 
 def test_a_window_staged_on_spark_connect_is_published_once(airflow_connections, kafka_config, topics, curated,
-                                                            connect_server, monkeypatch, run_after):
+                                                            spark_connect, run_after):
     """The stage on a Spark Connect server's driver (run_stage there, the
     KafkaSink's spec shipped to the write tasks in the data source's options)
     instead of a spark-submit: the same records, once."""
     pg_url = airflow_connections
-    use_spark_connect(monkeypatch, connect_server)
     counts = produce_orders(topics, hours=1)
     run = run_window(load_dag(PIPELINE), window_date(0), run_after(0))
     assert run.state == "success", states(run)

@@ -1,5 +1,6 @@
 """The example DAGs through real Airflow (dag.test), real Spark (spark-submit,
-local[2]), the real broker and PostgreSQL. Exactly-once is shown by lineage with
+local[2]; the tests of commits, clears and reruns on the session's warm Spark
+Connect server, tests/e2e/conftest.py), the real broker and PostgreSQL. Exactly-once is shown by lineage with
 the auditor: every source record of the committed windows is published once or
 is a dead letter, nothing twice, nothing else."""
 
@@ -144,7 +145,7 @@ def stage_retried_once_then_committed(run, pg_url, kafka_config):
 
 
 def test_failure_after_staging_fails_the_run_and_a_clear_reruns_it_exactly_once(
-        airflow_connections, kafka_config, topics, monkeypatch, run_after):
+        airflow_connections, kafka_config, topics, monkeypatch, run_after, spark_connect):
     pg_url = airflow_connections
     fresh_topic(topics, "orders")
     produce_orders(topics, hours=1)
@@ -165,7 +166,8 @@ def test_failure_after_staging_fails_the_run_and_a_clear_reruns_it_exactly_once(
     audit(pg_url, kafka_config)
 
 
-def test_clearing_a_committed_window_skips_by_default(airflow_connections, kafka_config, topics, run_after):
+def test_clearing_a_committed_window_skips_by_default(airflow_connections, kafka_config, topics, run_after,
+                                                      spark_connect):
     pg_url = airflow_connections
     fresh_topic(topics, "orders")
     produce_orders(topics, hours=1)
@@ -188,7 +190,7 @@ def test_clearing_a_committed_window_skips_by_default(airflow_connections, kafka
 
 
 def test_clearing_a_committed_aggregate_window_replaces_its_counts(airflow_connections, kafka_config, topics,
-                                                                  run_after):
+                                                                  run_after, spark_connect):
     pg_url = airflow_connections
     fresh_topic(topics, "events", partitions=2)
     records = [(i % 2, to_millis(T0) + i * 9_000, b"e") for i in range(400)]  # 400 records in one hour
@@ -210,9 +212,11 @@ def test_clearing_a_committed_aggregate_window_replaces_its_counts(airflow_conne
           count_column="events")
 
 
-def test_a_zombie_stage_attempt_is_never_published(airflow_connections, kafka_config, topics, run_after):
+def test_a_zombie_stage_attempt_is_never_published(airflow_connections, kafka_config, topics, run_after,
+                                                   spark_connect):
     """A stage attempt whose task Airflow lost track of (a zombie) runs its real
-    spark-submit to the end and checkpoints; then the window runs in Airflow: the
+    spark-submit to the end and checkpoints; then the window runs in Airflow (its
+    stage on the Spark Connect server): the
     new attempt fences the zombie, commits, and the teardown aborts the zombie.
     The zombie's late prepare and commit are refused; only the new attempt's rows
     are published, once."""
@@ -264,7 +268,7 @@ def test_a_zombie_stage_attempt_is_never_published(airflow_connections, kafka_co
 
 
 def test_a_second_dag_sharing_the_pipeline_id_is_refused_at_its_first_plan_naming_both(
-        airflow_connections, kafka_config, topics, run_after, capfd):
+        airflow_connections, kafka_config, topics, run_after, capfd, spark_connect):
     """orders_hourly copied into a DAG for another topic without changing the
     pipeline id: its plan fails at once (no retry), naming both DAGs, for the
     window orders_hourly already committed (a Clear there) as for a new one;

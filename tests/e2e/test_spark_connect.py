@@ -5,38 +5,18 @@ Exactly-once is shown by lineage, as for spark-submit."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from airflow_eos.core.attempt import staging_name
 from airflow_eos.embedded import SparkConnectServer
 
-from conftest import run_window  # tests/e2e/conftest.py
+from conftest import run_window, use_spark_connect  # tests/e2e/conftest.py
 from test_orders_dag import (  # noqa: F401 - run_after is a fixture
     HOUR, T0, fresh_topic, load_dag, produce_orders, run_after, sql, stage_retried_once_then_committed,
     three_consecutive_windows_publish_every_record_once, window_date)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def connect_server():
-    with SparkConnectServer("local[2]") as server:
-        yield server
-
-
-def use_spark_connect(monkeypatch, server: SparkConnectServer) -> None:
-    """spark_default becomes a spark_connect connection; spark-submit may not run."""
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(
-        {"conn_type": "spark_connect", "host": "127.0.0.1", "port": server.port}))
-
-    def no_spark_submit(*args, **kwargs):
-        raise AssertionError("the stage ran spark-submit, not the Spark Connect server")
-
-    monkeypatch.setattr(SparkSubmitHook, "submit", no_spark_submit)
 
 
 def freeze_first_hour(pg_url: str, pipeline: str):

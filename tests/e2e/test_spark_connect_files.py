@@ -21,8 +21,8 @@ from test_files_dag import (  # noqa: F401 - root and run_after are fixtures
     PIPELINE, assert_published_exactly, audit, root, run_after, staging_left,
     two_windows_are_published_as_partition_directories_once)
 from test_orders_dag import fresh_topic, produce_orders, sql
-from test_spark_connect import (  # noqa: F401 - connect_server is a fixture
-    connect_server, freeze_first_hour, use_spark_connect)
+from conftest import use_spark_connect  # tests/e2e/conftest.py
+from test_spark_connect import freeze_first_hour
 
 from harness.full_disk import fill, orders_with_blob, small_file_system
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def reader(connect_server):  # noqa: F811 - test_spark_connect's fixture
+def reader(connect_server):
     """A Spark Connect session of the same server, for reading the root back."""
     from airflow_eos.spark.session import spark_session, stop_session
 
@@ -40,7 +40,7 @@ def reader(connect_server):  # noqa: F811 - test_spark_connect's fixture
 
 
 def test_windows_staged_on_spark_connect_are_published_as_partition_directories_once(
-        airflow_connections, kafka_config, topics, connect_server, monkeypatch, run_after, root,  # noqa: F811
+        airflow_connections, kafka_config, topics, connect_server, monkeypatch, run_after, root,  # noqa: F811 - fixtures
         reader):
     """The file DAG's two windows, staged on the server, read back through it."""
     use_spark_connect(monkeypatch, connect_server)
@@ -50,7 +50,7 @@ def test_windows_staged_on_spark_connect_are_published_as_partition_directories_
 
 
 def test_a_full_disk_on_the_server_fails_clearly_frees_its_space_and_the_rerun_publishes_once(
-        pg_url, kafka_config, topics, connect_server, reader):  # noqa: F811 - connect_server is a fixture
+        pg_url, kafka_config, topics, connect_server, reader):
     """run_stage as the stage operator calls it on Spark Connect, into a root on
     a real 8 MiB tmpfs with 256 KiB left: the server's Parquet writer hits the
     full disk; the client's error says so and where, the attempt is aborted and
