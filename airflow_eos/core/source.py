@@ -15,7 +15,8 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from airflow_eos.core.errors import ConfigurationError, SourceUnavailable, UnknownTopic
 from airflow_eos.core.kafka_errors import kafka_error
@@ -128,14 +129,37 @@ def consumer_config(kafka_config: dict, **overrides) -> dict:
 
 
 def reader(config: dict, purpose: str = "a Kafka consumer"):
-    """A confluent-kafka Consumer for ``config`` (see consumer_config); a client
-    that cannot be created is SourceUnavailable, saying for what."""
-    from confluent_kafka import Consumer, KafkaException
+    """A confluent-kafka Consumer for ``config`` (see consumer_config). A
+    configuration librdkafka refuses (an unknown property, a bad value: the
+    Kafka connection's extra) is a ConfigurationError naming the property and
+    what to change; any other client that cannot be created is
+    SourceUnavailable, saying for what. Neither shows a secret of ``config``."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException
 
     try:
         return Consumer(config)
     except KafkaException as exc:
-        raise SourceUnavailable(f"cannot create {purpose}: {exc}") from exc
+        text = _without_secrets(str(exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError)
+                                    else exc), config)
+        where = f"{purpose} for bootstrap.servers {config.get('bootstrap.servers')!r}"
+        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError._INVALID_ARG:
+            raise ConfigurationError(
+                f"cannot create {where}: {text}. The client's settings are the Kafka connection's extra "
+                "(librdkafka properties, see librdkafka's CONFIGURATION.md): correct or remove that property "
+                "there") from None
+        raise SourceUnavailable(f"cannot create {where}: {text}") from None
+
+
+# Settings whose values must never be shown: librdkafka may quote a value it refuses.
+_SECRET_KEY = re.compile(r"(?i)password|secret|sasl\.oauthbearer\.config|ssl\.key\.pem|ssl_key")
+
+
+def _without_secrets(text: str, config: Mapping[str, Any]) -> str:
+    """``text`` with the value of every secret setting of ``config`` masked."""
+    for key, value in config.items():
+        if _SECRET_KEY.search(str(key)) and isinstance(value, str) and value:
+            text = text.replace(value, "***")
+    return text
 
 
 def normalise_topics(topics, pipeline: str = "") -> tuple[str, ...]:
