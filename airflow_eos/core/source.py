@@ -271,7 +271,10 @@ class KafkaLog:
             if info is None or info.error is not None:
                 code = info.error.code() if info is not None else None
                 if info is None or code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
-                    raise UnknownTopic(f"topic {topic!r} does not exist on {self._config['bootstrap.servers']}")
+                    raise UnknownTopic(
+                        f"topic {topic!r} does not exist on {self._config['bootstrap.servers']}: check the topic "
+                        "names of the pipeline's KafkaSource and that its Kafka connection points at the cluster "
+                        "that holds them (airflow-eos never creates a source topic); nothing was planned")
                 raise SourceUnavailable(f"metadata for topic {topic!r} failed: {info.error}")
             if not info.partitions:
                 raise UnknownTopic(f"topic {topic!r} has no partitions")
