@@ -94,14 +94,24 @@ class ClientErrors:
         self.last: str | None = None
 
     def __call__(self, err) -> None:
-        self.last = err.str() if hasattr(err, "str") else str(err)
-        LIBRDKAFKA_LOG.warning("Kafka client error: %s", self.last)
+        text = err.str() if hasattr(err, "str") else str(err)
+        # "1/1 brokers are down" follows the reason they are (refused, SASL
+        # handshake failed, ...): it must not replace that reason in the message.
+        if not (self.last and _all_brokers_down(err)):
+            self.last = text
+        LIBRDKAFKA_LOG.warning("Kafka client error: %s", text)
 
     def hint(self, bootstrap: str) -> str:
         """What to check, after a message that says Kafka did not answer."""
         last = f"; last client error: {self.last}" if self.last else ""
         return (f"{last}; check that bootstrap.servers ({bootstrap}) is right, that the brokers are up and "
                 "reachable from this host, and the security settings")
+
+
+def _all_brokers_down(err) -> bool:
+    from confluent_kafka import KafkaError
+
+    return hasattr(err, "code") and err.code() == KafkaError._ALL_BROKERS_DOWN
 
 
 def client_logging() -> dict:
