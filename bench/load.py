@@ -35,8 +35,9 @@ PER_HOUR = 4  # records per partition and hour (2 partitions: 8 records a window
 
 def measure_load(bootstrap: str, pg_admin_url: str, *, pipelines: int = PIPELINES, windows: int = WINDOWS) -> dict:
     """Run the load in a database of its own on the server at ``pg_admin_url``
-    (dropped afterwards) and return its figures; raises when a window failed or
-    a pipeline's verify is not clean."""
+    (dropped afterwards) and return its figures; ``load_problems`` lists what
+    went wrong (a failed window, a pipeline whose verify is not clean, a
+    doubled attempt): empty, or the run violated the guarantee."""
     import psycopg
 
     from airflow_eos.core.ledger import Ledger
@@ -55,10 +56,11 @@ def measure_load(bootstrap: str, pg_admin_url: str, *, pipelines: int = PIPELINE
         with psycopg.connect(pg_admin_url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     problems = result.failures + result.ledger_problems
-    if problems or result.committed != pipelines * windows:
-        raise RuntimeError(f"load: {result.committed} of {pipelines * windows} windows committed; "
-                           + "\n".join(problems[:20]))
-    figures = result.figures()
+    if result.committed != pipelines * windows:
+        problems.insert(0, f"{result.committed} of {pipelines * windows} windows committed")
+    figures = {**result.figures(), "load_problems": problems[:20]}
+    if problems:  # reported in results.md, loudly, rather than losing the rest of the bench's figures
+        print("load: VIOLATION\n  " + "\n  ".join(problems[:20]), file=sys.stderr, flush=True)
     print(f"load: {pipelines} pipelines x {windows} windows committed and verified in {figures['load_seconds']} s; "
           f"commit p50 {figures['load_commit_p50_s']} s, p95 {figures['load_commit_p95_s']} s", flush=True)
     return figures
@@ -75,12 +77,15 @@ def load_section(res: dict) -> str:
         f"({res['load_records_per_window']} records each) over one topic, their ledger in one database, run by "
         f"{res['load_workers']} threads through the production steps (airflow_eos.steps; the Spark job replaced "
         "by its Python stand-in, tests/harness/load.py), windows of every pipeline and neighbouring windows of "
-        "one pipeline in flight together. Every pipeline verified against Kafka by lineage afterwards "
-        f"({res['load_verified_records']:,} records: each once, none missing, nothing extra); "
-        f"{res['load_windows_committed']} windows committed, {res['load_failures']} failed (no deadlock, "
-        "no retry), one attempt each. All 20 threads share one Python process on this 2-core machine: the "
+        "one pipeline in flight together, none retried. Every pipeline verified against Kafka by lineage "
+        "afterwards, and the ledger read for one committed attempt per window: "
+        + (f"{res['load_windows_committed']} windows committed, no deadlock, {res['load_verified_records']:,} "
+           "records each once, none missing, nothing extra. " if not res.get("load_problems") else
+           f"{res['load_windows_committed']} windows committed, {res['load_failures']} failed: see below. ")
+        + f"All {res['load_workers']} threads share one Python process on this 2-core machine: the "
         "times include waiting for the GIL and for the other windows' staging, not only for PostgreSQL's locks."
         "\n\n",
+        "".join(f"**VIOLATION: {p}**\n\n" for p in res.get("load_problems") or ()),
         "| | median | p95 | max |\n|---|---:|---:|---:|\n",
         f"| commit step, wall (what a commit task waits, lock waits included) | {res['load_commit_p50_s']:.3f} s "
         f"| {res['load_commit_p95_s']:.3f} s | {res['load_commit_max_s']:.3f} s |\n",
@@ -98,7 +103,7 @@ def main() -> int:
         figures = measure_load(kafka.address, pg.address)
     print(json.dumps(figures, indent=2))
     print(load_section(figures))
-    return 0
+    return 1 if figures["load_problems"] else 0
 
 
 if __name__ == "__main__":
