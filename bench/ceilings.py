@@ -111,6 +111,7 @@ def raw_copy(url: str, table, connections: int, meter: CpuMeter) -> tuple[int, f
     connections in parallel, each in one transaction, into an empty table shaped
     like the target."""
     import psycopg
+    import pyarrow as pa
     from psycopg import sql
 
     from airflow_eos.targets.postgres.encoding import column_types, encoder_for
@@ -118,6 +119,9 @@ def raw_copy(url: str, table, connections: int, meter: CpuMeter) -> tuple[int, f
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {COPY_TABLE}")
         conn.execute(f"CREATE TABLE {COPY_TABLE} (LIKE analytics.orders INCLUDING ALL)")
+    # the amount as the orders transform gives it to the sink (a decimal(12,2)), not as JSON text
+    table = table.set_column(table.schema.get_field_index("amount"), "amount",
+                             table.column("amount").cast(pa.decimal128(12, 2)))
     n = table.num_rows
     parts = [table.slice(n * i // connections, n * (i + 1) // connections - n * i // connections)
              for i in range(connections)]

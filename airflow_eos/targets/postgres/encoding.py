@@ -46,20 +46,27 @@ class CopyFormat(enum.Enum):
     CSV = "csv"
 
 
-@dataclass(frozen=True)
+@dataclass
 class CopyEncoder:
-    """Encodes the batches of one chunk in one format. Build with :func:`encoder_for`."""
+    """Encodes batches in one format, for any number of COPYs: each sends
+    :meth:`header`, the batches' :meth:`encode`, then :meth:`trailer` (pgpq
+    buffers what it encodes: the trailer flushes the rest). Build with
+    :func:`encoder_for`."""
 
     format: CopyFormat
     schema: Any = None  # BINARY: the Arrow schema every batch is cast to (pa.Schema)
-    pgpq: Any = None  # BINARY: the pgpq encoder
+    make: Any = None  # BINARY: () -> a new pgpq encoder
+    _pgpq: Any = None  # BINARY: the current COPY's
 
     @property
     def option(self) -> str:
         return "binary" if self.format is CopyFormat.BINARY else "csv"
 
     def header(self) -> bytes:
-        return self.pgpq.write_header() if self.format is CopyFormat.BINARY else b""
+        if self.format is CopyFormat.CSV:
+            return b""
+        self._pgpq = self.make()
+        return self._pgpq.write_header()
 
     def encode(self, batch: pa.RecordBatch | pa.Table) -> Any:
         """One batch (columns in the COPY's order) as COPY data: bytes or an Arrow buffer."""
@@ -70,10 +77,13 @@ class CopyEncoder:
         if batch.schema != self.schema:
             batch = batch.cast(self.schema)
         batches = batch.to_batches() if isinstance(batch, pa.Table) else [batch]
-        return b"".join(self.pgpq.write_batch(b) for b in batches)
+        return b"".join(self._pgpq.write_batch(b) for b in batches)
 
     def trailer(self) -> bytes:
-        return self.pgpq.finish() if self.format is CopyFormat.BINARY else b""
+        if self.format is CopyFormat.CSV:
+            return b""
+        data, self._pgpq = self._pgpq.finish(), None
+        return data
 
 
 def column_types(conn: psycopg.Connection, table: sql.Identifier) -> dict[str, str]:
@@ -103,13 +113,15 @@ def encoder_for(schema: pa.Schema, pg_types: Mapping[str, str]) -> CopyEncoder:
     import pgpq
 
     target = pa.schema(fields)
-    if builders:
+
+    def make():
+        if not builders:
+            return pgpq.ArrowToPostgresBinaryEncoder(target)
         encoders = {f.name: builders.get(f.name) or pgpq.ArrowToPostgresBinaryEncoder.infer_encoder(f)
                     for f in target}
-        encoder = pgpq.ArrowToPostgresBinaryEncoder.new_with_encoders(target, encoders)
-    else:
-        encoder = pgpq.ArrowToPostgresBinaryEncoder(target)
-    return CopyEncoder(CopyFormat.BINARY, target, encoder)
+        return pgpq.ArrowToPostgresBinaryEncoder.new_with_encoders(target, encoders)
+
+    return CopyEncoder(CopyFormat.BINARY, target, make)
 
 
 # PostgreSQL type -> the Arrow types whose binary form it reads as it reads their CSV text.

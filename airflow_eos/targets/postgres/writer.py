@@ -138,8 +138,8 @@ class StagingWriter:
         finally:
             conn.close()
         seconds = time.monotonic() - started
-        log.info("staged chunk %d into %s: %d rows, %d dead letters in %.2fs (%.0f rows/s)", chunk, self.staging,
-                 rows, dead, seconds, rows / seconds if seconds else 0)
+        log.info("staged chunk %d into %s: %d rows (%s COPY), %d dead letters in %.2fs (%.0f rows/s)", chunk,
+                 self.staging, rows, fmt.value, dead, seconds, rows / seconds if seconds else 0)
         return StagedChunk(chunk, rows, dead, digest.hexdigest())
 
     def _staging_error(self, exc: Exception, doing: str) -> Exception:
