@@ -413,7 +413,7 @@ def _pg_connection(pg_url):
 
 
 def _script(env, *argv):
-    done = subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, timeout=180, env=env)
+    done = subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, timeout=300, env=env)
     assert leaked(done.stdout + done.stderr) == [], done.stdout + done.stderr
     return done
 
@@ -447,7 +447,7 @@ def test_verify_with_the_dags_connections_and_the_target_the_ledger_records(pg_u
     assert list(report) == ["pipeline", "target", "lineage", "clean", "seconds", "committed_windows", "totals",
                             "windows", "offsets", "violations"]
     assert (report["pipeline"], report["target"], report["lineage"], report["clean"]) == \
-        (PIPELINE, "orders", True, True)
+        (PIPELINE, "public.orders", True, True)
     assert report["totals"] == {"kafka_records": 12, "published_rows": 12, "dead_letters": 0, "duplicates": 0,
                                 "missing": 0, "extra": 0}
     assert [(w["start"], w["state"], w["kafka_records"], w["published_rows"], w["result"])
@@ -460,29 +460,63 @@ def test_verify_with_the_dags_connections_and_the_target_the_ledger_records(pg_u
         "expected": [{"topic": claimed.topic, "partition": p, "offset": ends[p]} for p in (0, 1)], "match": True}
     assert report["violations"] == []
 
+
+def _in_process(monkeypatch, tmp_path, *argv, **connections):
+    """main() with these Airflow connections (AIRFLOW_CONN_*) and no EOS_*
+    variables; Airflow is imported once per test process, so this is the
+    cheap way to run many cases. No password in any output."""
+    import json
+
+    for name in [k for k in __import__("os").environ if k.startswith(("EOS_", "AIRFLOW_CONN_"))]:
+        monkeypatch.delenv(name)
+    for name, value in connections.items():
+        monkeypatch.setenv(f"AIRFLOW_CONN_{name.upper()}", json.dumps(value))
+    code, out, err = run(*argv)
+    assert leaked(out + err) == [], out + err
+    return code, out, err
+
+
+def test_verify_finds_a_missing_row_through_named_connections(pg_url, kafka_config, claimed, tmp_path, monkeypatch):
+    """Named Airflow connections, the target from the ledger: exit 1 on a
+    missing row (found by lineage) in JSON and in the table; connections that
+    cannot be reached or read: exit 2 in words; no password anywhere (a
+    PostgreSQL password, a Kafka sasl.password)."""
+    import json
+
+    connections = {"eos_pg": _pg_connection(pg_url), "eos_kafka": {"conn_type": "kafka", "extra": kafka_config}}
     offset = claimed.records(claimed.plans[1], 0)[0]
     execute(pg_url, "DELETE FROM orders WHERE eos_partition = 0 AND eos_offset = %s", (offset,))
-    done = _script(env, "verify", "--pipeline", PIPELINE, "-o", "json")
-    assert done.returncode == 1, done.stdout + done.stderr
-    report = json.loads(done.stdout)
+    by_ids = ["--postgres-conn-id", "eos_pg", "--kafka-conn-id", "eos_kafka"]
+    code, out, err = _in_process(monkeypatch, tmp_path, "verify", "--pipeline", PIPELINE, *by_ids, "-o", "json",
+                                 **connections)
+    assert (code, err) == (1, ""), out + err
+    report = json.loads(out)
     assert report["clean"] is False and report["totals"]["missing"] == 1
     assert [(v["kind"], v["window_start"], v["topic"], v["partition"], v["offset"])
             for v in report["violations"] if v["kind"] == "missing"] == [
         ("missing", "2024-01-01T01:00:00+00:00", claimed.topic, 0, offset)]
     assert [w["result"] for w in report["windows"]] == ["ok", "violation", None]
+    code, out, err = _in_process(monkeypatch, tmp_path, "verify", "--pipeline", PIPELINE, *by_ids, **connections)
+    assert code == 1 and "VIOLATIONS: 2" in out, out + err
+    assert out.startswith(f"verify {PIPELINE} against public.orders (record lineage)")
 
-    # the same through named connections, in a table; an unknown connection id is exit 2, in words
-    env = _airflow_env(tmp_path, eos_pg=_pg_connection(pg_url), eos_kafka={"conn_type": "kafka", "extra": kafka_config})
-    done = _script(env, "verify", "--pipeline", PIPELINE, "--postgres-conn-id", "eos_pg", "--kafka-conn-id",
-                   "eos_kafka")
-    assert done.returncode == 1 and "VIOLATIONS: 2" in done.stdout, done.stdout + done.stderr
-    assert done.stdout.startswith(f"verify {PIPELINE} against orders (record lineage)")
-    done = _script(env, "status", "--pipeline", PIPELINE, "--postgres-conn-id", "nope")
-    assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr.strip() == ("airflow-eos status: error: --postgres-conn-id Airflow connection 'nope' "
-                                   "(postgres) cannot be read: The conn_id `nope` isn't defined; define it (e.g. "
-                                   "AIRFLOW_CONN_NOPE, or in a secrets backend Airflow is configured with) or "
-                                   "pass a URL")
+    closed = {**_pg_connection(pg_url), "port": free_port()}
+    sasl = {"conn_type": "kafka", "extra": {"bootstrap.servers": f"127.0.0.1:{free_port()}", "security.protocol":
+                                            "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN", "sasl.username": "u",
+                                            "sasl.password": PASSWORD}}
+    code, out, err = _in_process(monkeypatch, tmp_path, "status", "--pipeline", PIPELINE, "--postgres-conn-id",
+                                 "down", down=closed)
+    assert (code, out) == (2, "") and "cannot connect to the ledger database" in err, err
+    code, out, err = _in_process(monkeypatch, tmp_path, "verify", "--pipeline", PIPELINE, "--postgres-conn-id",
+                                 "eos_pg", "--kafka-conn-id", "sasl", "--kafka-timeout", "2", "-o", "json",
+                                 sasl=sasl, **connections)
+    assert (code, out) == (2, "") and "check that bootstrap.servers" in err, err
+    code, out, err = _in_process(monkeypatch, tmp_path, "status", "--pipeline", PIPELINE, "--postgres-conn-id",
+                                 "nope", **connections)
+    assert (code, out) == (2, "")
+    assert err.strip() == ("airflow-eos status: error: --postgres-conn-id Airflow connection 'nope' (postgres) "
+                           "cannot be read: The conn_id `nope` isn't defined; define it (e.g. AIRFLOW_CONN_NOPE, "
+                           "or in a secrets backend Airflow is configured with) or pass a URL")
 
 
 def test_status_json_through_a_secrets_backend(pg_url, kafka_config, claimed, tmp_path):
