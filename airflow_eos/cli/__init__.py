@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(run=cmd_sweep)
 
     release = sub.add_parser(
-        "release", parents=[postgres_only], epilog=EXIT_CODES, help="forget which DAG, topics and target own a pipeline",
+        "release", parents=[postgres_only], epilog=EXIT_CODES,
+        help="forget which DAG, topics and target own a pipeline",
         description="A pipeline's first plan claims it for its DAG, its topics and its target; every later plan "
                     "must match, so that a second DAG with the same pipeline id, or a second pipeline sending "
                     "the same topics into the target, is refused. After a deliberate move (the DAG renamed, the "

@@ -124,9 +124,10 @@ def kafka_config(args: argparse.Namespace, *, required: bool, airflow_default: b
     if not (required or airflow_default):
         return None
     ref = ConnectionRef("kafka", KAFKA, DEFAULT_CONN_IDS[KAFKA])
+    given = ("no Kafka given: pass --kafka-bootstrap, --kafka-config, --kafka-conn-id or set "
+             f"{KAFKA_BOOTSTRAP_ENV}; the default")
     try:
-        return _remembered(args, airflow_connection(ref, "no Kafka given: pass --kafka-bootstrap, --kafka-config, --kafka-conn-id "
-                                       f"or set {KAFKA_BOOTSTRAP_ENV}; the default"))
+        return _remembered(args, airflow_connection(ref, given))
     except UsageError:
         if required:
             raise

@@ -56,9 +56,8 @@ def print_report(report: VerifyReport, out: TextIO, *, limit: int = 50) -> None:
     print(f"partition offsets: {len(report.expected_offsets)} partition(s) in the contiguous committed prefix, "
           + ("eos.partition_offsets matches" if not offsets_wrong else f"{offsets_wrong} wrong"), file=out)
     if report.clean:
-        print(f"CLEAN: every record of {report.committed_windows} committed window(s) "
-              + ("is published exactly once or is a dead letter" if report.lineage else "is counted as the ledger says"),
-              file=out)
+        proof = "is published exactly once or is a dead letter" if report.lineage else "is counted as the ledger says"
+        print(f"CLEAN: every record of {report.committed_windows} committed window(s) {proof}", file=out)
         return
     print(f"VIOLATIONS: {len(report.violations)}", file=out)
     for x in report.violations:
