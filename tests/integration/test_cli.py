@@ -549,3 +549,25 @@ def test_status_json_through_a_secrets_backend(pg_url, kafka_config, claimed, tm
     assert status["kafka"] is True and status["partitions"] == [
         {"topic": claimed.topic, "partition": p, "committed_offset": committed_at[p], "end_of_log": ends[p],
          "lag": ends[p] - committed_at[p]} for p in (0, 1)]
+
+
+def test_sweep_through_airflow_connections_names_a_kafka_target_it_cannot_reach(pg_url, kafka_config, claimed,
+                                                                                tmp_path, monkeypatch):
+    """sweep with the ledger's Airflow connection: the claimed PostgreSQL
+    target's zombie is aborted by its own sink; a Kafka target whose Airflow
+    connection is not defined is named as not swept, saying why."""
+    execute(pg_url, "INSERT INTO eos.pipelines (pipeline, topics, target, claimed_at) "
+                    "VALUES ('to_topic', ARRAY['orders'], 'kafka:nowhere/curated', now())")
+    execute(pg_url, "UPDATE eos.attempts SET opened_at = now() - interval '3 hours'")
+    code, out, err = _in_process(monkeypatch, tmp_path, "sweep", "--older-than", "2h", "--postgres-conn-id",
+                                 "eos_pg", eos_pg=_pg_connection(pg_url))
+    assert (code, err) == (0, ""), out + err
+    lines = out.splitlines()
+    assert lines[0] == ("not swept: target kafka:nowhere/curated (a Kafka target's cluster Airflow connection "
+                        "'nowhere' (kafka) cannot be read: The conn_id `nowhere` isn't defined; define it (e.g. "
+                        "AIRFLOW_CONN_NOWHERE, or in a secrets backend Airflow is configured with) or pass a URL)")
+    assert lines[1].startswith("aborted 1 attempt(s) opened before ")
+    [row] = lines_with(out, PIPELINE, claimed.open_attempt.staging)
+    assert row.split()[-1] == "postgresql:public.orders"  # swept by the claimed table's sink
+    assert execute(pg_url, "SELECT state FROM eos.attempts WHERE epoch = 2 AND window_start = %s",
+                   (claimed.open_attempt.window_start,)) == [("aborted",)]
