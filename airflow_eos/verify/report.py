@@ -4,8 +4,9 @@ words the findings use for a window and a record."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.windows import PartitionRange, TopicPartition
@@ -94,6 +95,37 @@ class VerifyReport:
         return Totals(*map(total, ("kafka_records", "published_rows", "dead_letters", "duplicates", "missing",
                                    "extra")))
 
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-able values (``airflow-eos verify -o json``):
+        stable keys, documented in docs/cli.md; timestamps in ISO 8601 UTC,
+        null where a number is not determinable."""
+        flagged = {x.window_start for x in self.violations}
+        return {
+            "pipeline": self.pipeline,
+            "target": self.table,
+            "lineage": self.lineage,
+            "clean": self.clean,
+            "seconds": round(self.seconds, 3),
+            "committed_windows": self.committed_windows,
+            "totals": asdict(self.totals),
+            "windows": [{
+                "start": _iso(w.window_start), "end": _iso(w.window_end), "state": str(w.state),
+                "committed_epoch": w.committed_epoch, "recorded_rows": w.recorded_rows,
+                "recorded_dead_letters": w.recorded_dead_letters, "kafka_records": w.kafka_records,
+                "published_rows": w.published_rows, "dead_letters": w.dead_letters, "duplicates": w.duplicates,
+                "missing": w.missing, "extra": w.extra, "result": window_result(w, flagged),
+            } for w in self.windows],
+            "offsets": {
+                "recorded": _offsets(self.offsets),
+                "expected": _offsets(self.expected_offsets),
+                "match": not any(x.kind == OFFSETS for x in self.violations),
+            },
+            "violations": [{
+                "kind": x.kind, "message": x.message, "window_start": _iso(x.window_start), "topic": x.topic,
+                "partition": x.partition, "offset": x.offset,
+            } for x in self.violations],
+        }
+
     def __str__(self) -> str:
         t = self.totals
         head = (f"verify {self.pipeline} against {self.table}: {self.committed_windows} committed window(s), "
@@ -101,6 +133,26 @@ class VerifyReport:
         if self.clean:
             return head + ": clean"
         return head + f": {len(self.violations)} violation(s)\n  " + "\n  ".join(map(str, self.violations))
+
+
+# Results of a window in the report
+OK, VIOLATION = "ok", "violation"
+
+
+def window_result(window: WindowAudit, flagged: set[datetime | None]) -> str | None:
+    """``violation`` for a window with a finding, ``ok`` for a clean committed
+    one, None for one not committed (nothing published to prove)."""
+    if window.window_start in flagged:
+        return VIOLATION
+    return OK if window.state == WindowState.COMMITTED else None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(timezone.utc).isoformat()
+
+
+def _offsets(offsets: dict[TopicPartition, int]) -> list[dict[str, Any]]:
+    return [{"topic": tp.topic, "partition": tp.partition, "offset": o} for tp, o in sorted(offsets.items())]
 
 
 # --------------------------------------------------------------------------- what the audit reads and says

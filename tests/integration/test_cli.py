@@ -78,7 +78,7 @@ def test_status_without_kafka_and_with_a_limit(pg_url, committed):
     assert "showing the latest 1; --limit 0 shows all" in out
     assert not lines_with(out, "2024-01-01 00:00:00  2024-01-01 01:00:00")
     assert lines_with(out, "partition", "committed offset") and not lines_with(out, "lag ")
-    assert "pass --kafka-bootstrap or --kafka-config to see the end of each log and the lag" in out
+    assert "pass --kafka-bootstrap, --kafka-config or --kafka-conn-id to see the end of each log and the lag" in out
 
     code, out, err = run("status", "--pipeline", "nope", "--postgres-url", pg_url)
     assert (code, out) == (2, "")
@@ -119,14 +119,23 @@ def test_verify_usage_and_connection_errors_exit_2(pg_url, kafka_config, committ
     bootstrap = kafka_config["bootstrap.servers"]
     base = ["verify", "--pipeline", PIPELINE, "--table", "orders"]
 
-    assert main(["verify", "--pipeline", PIPELINE]) == 2  # argparse: --table (or --topic) is required
-    assert "one of the arguments --table --topic is required" in capsys.readouterr().err
+    assert main(["verify", "--pipeline", PIPELINE, "--table", "t", "--topic", "t"]) == 2  # argparse
+    assert "argument --topic: not allowed with argument --table" in capsys.readouterr().err
+    assert main(["verify", "--pipeline", PIPELINE, "--postgres-url", "x", "--postgres-conn-id", "y"]) == 2
+    assert "argument --postgres-conn-id: not allowed with argument --postgres-url" in capsys.readouterr().err
 
     cases = [
-        (base + ["--kafka-bootstrap", bootstrap], "no database given: pass --postgres-url or set EOS_POSTGRES_URL"),
-        (base + ["--postgres-url", pg_url], "no Kafka given: pass --kafka-bootstrap"),
+        (base + ["--kafka-bootstrap", bootstrap], "no database given: pass --postgres-url, --postgres-conn-id or "
+         "set EOS_POSTGRES_URL; the default Airflow connection 'postgres_default' (postgres) cannot be read: The "
+         "conn_id `postgres_default` isn't defined; define it (e.g. AIRFLOW_CONN_POSTGRES_DEFAULT"),
+        (base + ["--postgres-url", pg_url], "no Kafka given: pass --kafka-bootstrap, --kafka-config, --kafka-conn-id "
+         "or set EOS_KAFKA_BOOTSTRAP; the default Airflow connection 'kafka_default' (kafka) cannot be read"),
+        (base + ["--postgres-url", pg_url, "--kafka-conn-id", "elsewhere"], "--kafka-conn-id Airflow connection "
+         "'elsewhere' (kafka) cannot be read: The conn_id `elsewhere` isn't defined"),
+        (base + ["--postgres-url", pg_url, "--kafka-config", '{"client.id": "x"}'],
+         "--kafka-config names no bootstrap.servers"),
         (base + ["--postgres-url", pg_url, "--kafka-config", "{not json"], "--kafka-config is not valid JSON"),
-        (base + ["--postgres-url", f"postgresql://postgres:secret@127.0.0.1:{free_port()}/x", "--kafka-bootstrap",
+        (base + ["--postgres-url", f"postgresql://postgres:s3cr3t-pw@127.0.0.1:{free_port()}/x", "--kafka-bootstrap",
                  bootstrap], "cannot connect to the ledger database postgresql://postgres:***@127.0.0.1:"),
         (["verify", "--pipeline", "nope", "--table", "orders", "--postgres-url", pg_url, "--kafka-bootstrap",
           bootstrap], "pipeline 'nope' has no windows in the ledger at"),
@@ -137,7 +146,7 @@ def test_verify_usage_and_connection_errors_exit_2(pg_url, kafka_config, committ
         code, out, err = run(*argv)
         assert (code, out) == (2, ""), argv
         assert err.startswith("airflow-eos verify: error: ") and message in err, err
-        assert "secret" not in err
+        assert "s3cr3t" not in err
 
 
 # --------------------------------------------------------------------------- sweep
@@ -377,3 +386,188 @@ def test_the_demo_does_not_import_the_cli():
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert not {name for name in imported if name and name.startswith("airflow_eos.cli")}, imported
     assert "from airflow_eos import cli" not in Path(airflow_eos.demo.__file__).read_text()
+
+
+# --------------------------------------------------------------------------- Airflow connections, -o json
+
+
+def _airflow_env(tmp_path, **connections):
+    """The environment of a user's shell where the DAG works: Airflow
+    connections (JSON, with a password the trust-auth server ignores), no
+    EOS_* variables, not Airflow's unit-test mode."""
+    import json
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("EOS_", "AIRFLOW_CONN_", "AIRFLOW__CORE__UNIT_TEST"))}
+    env["AIRFLOW_HOME"] = str(tmp_path)
+    env.update({f"AIRFLOW_CONN_{name.upper()}": json.dumps(value) for name, value in connections.items()})
+    return env
+
+
+def _pg_connection(pg_url):
+    host_port, db = pg_url.split("@", 1)[1].split("/", 1)
+    host, port = host_port.split(":")
+    return {"conn_type": "postgres", "host": host, "port": int(port), "login": "postgres", "password": PASSWORD,
+            "schema": db}
+
+
+def _script(env, *argv):
+    done = subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, timeout=300, env=env)
+    assert leaked(done.stdout + done.stderr) == [], done.stdout + done.stderr
+    return done
+
+
+@pytest.fixture
+def claimed(pg_url, kafka_config, committed, orders):
+    """The windows' claim names their target, as the DAG's plan records it."""
+    from airflow_eos.core.ledger import Ledger
+    from airflow_eos.core.plan import PlanRequest, plan_window
+
+    with KafkaLog(kafka_config) as log_:
+        plan_window(Ledger(pg_url), log_, PlanRequest(committed.plans[0].window, (committed.topic,),
+                                                      dag_id="orders_hourly", target_id=orders.target_id))
+    assert execute(pg_url, "SELECT target FROM eos.pipelines") == [("postgresql:public.orders",)]
+    return committed
+
+
+def test_verify_with_the_dags_connections_and_the_target_the_ledger_records(pg_url, kafka_config, claimed,
+                                                                           tmp_path):
+    """`airflow-eos verify --pipeline orders_hourly` where the DAG works: the
+    default Airflow connections (AIRFLOW_CONN_*), the target read from the
+    ledger; -o json is the only thing on stdout; exit 0 clean, 1 on a missing
+    row (found by lineage), no password anywhere."""
+    import json
+
+    env = _airflow_env(tmp_path, postgres_default=_pg_connection(pg_url),
+                       kafka_default={"conn_type": "kafka", "extra": kafka_config})
+    done = _script(env, "verify", "--pipeline", PIPELINE, "-o", "json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert list(report) == ["pipeline", "target", "lineage", "clean", "seconds", "committed_windows", "totals",
+                            "windows", "offsets", "violations"]
+    assert (report["pipeline"], report["target"], report["lineage"], report["clean"]) == \
+        (PIPELINE, "public.orders", True, True)
+    assert report["totals"] == {"kafka_records": 12, "published_rows": 12, "dead_letters": 0, "duplicates": 0,
+                                "missing": 0, "extra": 0}
+    assert [(w["start"], w["state"], w["kafka_records"], w["published_rows"], w["result"])
+            for w in report["windows"]] == [
+        ("2024-01-01T00:00:00+00:00", "committed", 6, 6, "ok"), ("2024-01-01T01:00:00+00:00", "committed", 6, 6, "ok"),
+        ("2024-01-01T02:00:00+00:00", "planned", None, 0, None)]
+    ends = {r.partition: r.end_offset for r in claimed.plans[1].ranges}
+    assert report["offsets"] == {
+        "recorded": [{"topic": claimed.topic, "partition": p, "offset": ends[p]} for p in (0, 1)],
+        "expected": [{"topic": claimed.topic, "partition": p, "offset": ends[p]} for p in (0, 1)], "match": True}
+    assert report["violations"] == []
+
+
+def _in_process(monkeypatch, tmp_path, *argv, **connections):
+    """main() with these Airflow connections (AIRFLOW_CONN_*) and no EOS_*
+    variables; Airflow is imported once per test process, so this is the
+    cheap way to run many cases. No password in any output."""
+    import json
+
+    for name in [k for k in __import__("os").environ if k.startswith(("EOS_", "AIRFLOW_CONN_"))]:
+        monkeypatch.delenv(name)
+    for name, value in connections.items():
+        monkeypatch.setenv(f"AIRFLOW_CONN_{name.upper()}", json.dumps(value))
+    code, out, err = run(*argv)
+    assert leaked(out + err) == [], out + err
+    return code, out, err
+
+
+def test_verify_finds_a_missing_row_through_named_connections(pg_url, kafka_config, claimed, tmp_path, monkeypatch):
+    """Named Airflow connections, the target from the ledger: exit 1 on a
+    missing row (found by lineage) in JSON and in the table; connections that
+    cannot be reached or read: exit 2 in words; no password anywhere (a
+    PostgreSQL password, a Kafka sasl.password)."""
+    import json
+
+    connections = {"eos_pg": _pg_connection(pg_url), "eos_kafka": {"conn_type": "kafka", "extra": kafka_config}}
+    offset = claimed.records(claimed.plans[1], 0)[0]
+    execute(pg_url, "DELETE FROM orders WHERE eos_partition = 0 AND eos_offset = %s", (offset,))
+    by_ids = ["--postgres-conn-id", "eos_pg", "--kafka-conn-id", "eos_kafka"]
+    code, out, err = _in_process(monkeypatch, tmp_path, "verify", "--pipeline", PIPELINE, *by_ids, "-o", "json",
+                                 **connections)
+    assert (code, err) == (1, ""), out + err
+    report = json.loads(out)
+    assert report["clean"] is False and report["totals"]["missing"] == 1
+    assert [(v["kind"], v["window_start"], v["topic"], v["partition"], v["offset"])
+            for v in report["violations"] if v["kind"] == "missing"] == [
+        ("missing", "2024-01-01T01:00:00+00:00", claimed.topic, 0, offset)]
+    assert [w["result"] for w in report["windows"]] == ["ok", "violation", None]
+    code, out, err = _in_process(monkeypatch, tmp_path, "verify", "--pipeline", PIPELINE, *by_ids, **connections)
+    assert code == 1 and "VIOLATIONS: 2" in out, out + err
+    assert out.startswith(f"verify {PIPELINE} against public.orders (record lineage)")
+
+    closed = {**_pg_connection(pg_url), "port": free_port()}
+    sasl = {"conn_type": "kafka", "extra": {"bootstrap.servers": f"127.0.0.1:{free_port()}", "security.protocol":
+                                            "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN", "sasl.username": "u",
+                                            "sasl.password": PASSWORD}}
+    code, out, err = _in_process(monkeypatch, tmp_path, "status", "--pipeline", PIPELINE, "--postgres-conn-id",
+                                 "down", down=closed)
+    assert (code, out) == (2, "") and "cannot connect to the ledger database" in err, err
+    code, out, err = _in_process(monkeypatch, tmp_path, "verify", "--pipeline", PIPELINE, "--postgres-conn-id",
+                                 "eos_pg", "--kafka-conn-id", "sasl", "--kafka-timeout", "2", "-o", "json",
+                                 sasl=sasl, **connections)
+    assert (code, out) == (2, "") and "check that bootstrap.servers" in err, err
+    code, out, err = _in_process(monkeypatch, tmp_path, "status", "--pipeline", PIPELINE, "--postgres-conn-id",
+                                 "nope", **connections)
+    assert (code, out) == (2, "")
+    assert err.strip() == ("airflow-eos status: error: --postgres-conn-id Airflow connection 'nope' (postgres) "
+                           "cannot be read: The conn_id `nope` isn't defined; define it (e.g. AIRFLOW_CONN_NOPE, "
+                           "or in a secrets backend Airflow is configured with) or pass a URL")
+
+
+def test_status_json_through_a_secrets_backend(pg_url, kafka_config, claimed, tmp_path):
+    """The connections from a configured secrets backend (Airflow's local
+    filesystem backend), as the operators would read them; -o json's keys."""
+    import json
+
+    secrets = tmp_path / "connections.json"
+    secrets.write_text(json.dumps({"ledger_db": _pg_connection(pg_url),
+                                   "cluster": {"conn_type": "kafka", "extra": kafka_config}}))
+    env = _airflow_env(tmp_path)
+    env["AIRFLOW__SECRETS__BACKEND"] = "airflow.secrets.local_filesystem.LocalFilesystemBackend"
+    env["AIRFLOW__SECRETS__BACKEND_KWARGS"] = json.dumps({"connections_file_path": str(secrets)})
+    done = _script(env, "status", "--pipeline", PIPELINE, "--postgres-conn-id", "ledger_db", "--kafka-conn-id",
+                   "cluster", "-o", "json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = json.loads(done.stdout)
+    assert list(status) == ["pipeline", "claim", "windows_by_state", "windows", "kafka", "partitions"]
+    assert status["claim"] == {"dag_id": "orders_hourly", "topics": [claimed.topic],
+                               "target": "postgresql:public.orders", "target_exclusive": False}
+    assert status["windows_by_state"] == {"committed": 2, "planned": 1}
+    assert status["windows"][0] == {
+        "start": "2024-01-01T00:00:00+00:00", "end": "2024-01-01T01:00:00+00:00", "state": "committed", "epoch": 1,
+        "attempts": {"committed": 1}, "published_rows": 6, "dead_letter_rows": 0,
+        "committed_at": status["windows"][0]["committed_at"]}
+    assert status["windows"][2]["attempts"] == {"open": 1, "aborted": 1}
+    with KafkaLog(kafka_config) as log_:
+        ends = {p: log_.bounds(TopicPartition(claimed.topic, p)).end for p in (0, 1)}
+    committed_at = {r.partition: r.end_offset for r in claimed.plans[1].ranges}
+    assert status["kafka"] is True and status["partitions"] == [
+        {"topic": claimed.topic, "partition": p, "committed_offset": committed_at[p], "end_of_log": ends[p],
+         "lag": ends[p] - committed_at[p]} for p in (0, 1)]
+
+
+def test_sweep_through_airflow_connections_names_a_kafka_target_it_cannot_reach(pg_url, kafka_config, claimed,
+                                                                                tmp_path, monkeypatch):
+    """sweep with the ledger's Airflow connection: the claimed PostgreSQL
+    target's zombie is aborted by its own sink; a Kafka target whose Airflow
+    connection is not defined is named as not swept, saying why."""
+    execute(pg_url, "INSERT INTO eos.pipelines (pipeline, topics, target, claimed_at) "
+                    "VALUES ('to_topic', ARRAY['orders'], 'kafka:nowhere/curated', now())")
+    execute(pg_url, "UPDATE eos.attempts SET opened_at = now() - interval '3 hours'")
+    code, out, err = _in_process(monkeypatch, tmp_path, "sweep", "--older-than", "2h", "--postgres-conn-id",
+                                 "eos_pg", eos_pg=_pg_connection(pg_url))
+    assert (code, err) == (0, ""), out + err
+    lines = out.splitlines()
+    assert lines[0] == ("not swept: target kafka:nowhere/curated (a Kafka target's cluster Airflow connection "
+                        "'nowhere' (kafka) cannot be read: The conn_id `nowhere` isn't defined; define it (e.g. "
+                        "AIRFLOW_CONN_NOWHERE, or in a secrets backend Airflow is configured with) or pass a URL)")
+    assert lines[1].startswith("aborted 1 attempt(s) opened before ")
+    [row] = lines_with(out, PIPELINE, claimed.open_attempt.staging)
+    assert row.split()[-1] == "postgresql:public.orders"  # swept by the claimed table's sink
+    assert execute(pg_url, "SELECT state FROM eos.attempts WHERE epoch = 2 AND window_start = %s",
+                   (claimed.open_attempt.window_start,)) == [("aborted",)]

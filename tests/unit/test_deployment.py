@@ -53,3 +53,79 @@ def test_airflow_services_get_the_three_connections():
     assert f"binding.port={connect['port']}" in " ".join(SERVICES["spark-connect"]["command"])
     for name in ("airflow-api-server", "airflow-dag-processor", "airflow-triggerer"):
         assert SERVICES[name]["environment"] == env
+
+
+AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
+SPARK = ("spark-master", "spark-worker", "spark-connect")
+
+
+def test_airflow_waits_for_a_healthy_kafka():
+    """Kafka has a healthcheck a client answers, and Airflow's init (which the
+    other Airflow services wait for) and the topic creation wait for it."""
+    kafka = SERVICES["kafka"]["healthcheck"]
+    assert "kafka-broker-api-versions.sh --bootstrap-server kafka:9092" in " ".join(kafka["test"])
+    assert kafka["retries"] * int(kafka["interval"].rstrip("s")) >= 60  # a minute for a cold start
+    assert SERVICES["airflow-init"]["depends_on"]["kafka"] == {"condition": "service_healthy"}
+    assert SERVICES["kafka-topics"]["depends_on"]["kafka"] == {"condition": "service_healthy"}
+    for name in AIRFLOW[1:]:
+        assert SERVICES[name]["depends_on"] == {"airflow-init": {"condition": "service_completed_successfully"}}
+
+
+def test_every_service_running_the_package_image_builds_it():
+    """No service relies on another having built airflow-eos:latest: each one
+    that runs it builds it from the Dockerfile (or pulls nothing else)."""
+    users = [name for name, s in SERVICES.items() if s.get("image", "").startswith("airflow-eos:")]
+    assert set(SPARK) | set(AIRFLOW) | {"airflow-secrets"} <= set(users)
+    for name in users:
+        assert SERVICES[name].get("build") == ".", f"{name} runs {SERVICES[name]['image']} without building it"
+    for name in SPARK:  # started with the image, not after Airflow's init
+        deps = SERVICES[name].get("depends_on", {})
+        assert "airflow-init" not in deps, f"{name} waits for airflow-init"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".git"} <= set(ignored)  # the build context is the sources, not a 1 GB virtualenv
+
+
+def test_the_api_servers_secrets_are_generated_not_written_here():
+    """No fixed JWT or session secret in the file: a one-shot service writes
+    random ones into a volume; every Airflow service reads them with Airflow's
+    _CMD options (failing to start without them) and waits for that service."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "change-me" not in text
+    env = SERVICES["airflow-scheduler"]["environment"]
+    for key in ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY"):
+        assert key not in env, f"{key} is written in the compose file"
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET_CMD"] == "cat /opt/airflow/secrets/jwt_secret"
+    assert env["AIRFLOW__API__SECRET_KEY_CMD"] == "cat /opt/airflow/secrets/api_secret_key"
+
+    generator = SERVICES["airflow-secrets"]
+    assert generator["entrypoint"][:2] == ["python", "/opt/airflow-eos/docker/generate_secrets.py"]
+    assert "airflow-secrets:/opt/airflow/secrets" in generator["volumes"]
+    assert SERVICES["airflow-init"]["depends_on"]["airflow-secrets"] == {
+        "condition": "service_completed_successfully"}
+    for name in AIRFLOW:
+        assert "airflow-secrets:/opt/airflow/secrets:ro" in SERVICES[name]["volumes"], name
+
+
+def test_the_secret_generator_writes_random_secrets_once(tmp_path):
+    """docker/generate_secrets.py as the airflow-secrets service runs it (here
+    as the test's user): two long random secrets, only the owner's group can
+    read them, kept on a second run. (Airflow reads [api_auth] jwt_secret and
+    [api] secret_key through *_CMD because both are sensitive options.)"""
+    import stat
+    import subprocess
+    import sys
+
+    script = ROOT / "docker" / "generate_secrets.py"
+    for _ in range(2):
+        subprocess.run([sys.executable, str(script), str(tmp_path / "s")], check=True, capture_output=True)
+        first = {p.name: p.read_text() for p in (tmp_path / "s").iterdir()}
+        if _ == 0:
+            generated = first
+    assert generated == first and set(first) == {"jwt_secret", "api_secret_key"}
+    assert len(set(first.values())) == 2 and all(len(v) >= 64 for v in first.values())
+    for p in (tmp_path / "s").iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o440
+
+    other = tmp_path / "t"
+    subprocess.run([sys.executable, str(script), str(other)], check=True, capture_output=True)
+    assert (other / "jwt_secret").read_text() != first["jwt_secret"]

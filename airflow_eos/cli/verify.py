@@ -1,0 +1,68 @@
+"""``airflow-eos verify``: prove a pipeline's target against Kafka."""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from airflow_eos.cli.connections import OK, VIOLATIONS, UsageError, resolve
+from airflow_eos.cli.output import JSON, print_json, table
+from airflow_eos.cli.targets import UnknownTarget, claimed_target, spec_for
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.verify import OFFSETS, VerifyReport, verify
+from airflow_eos.verify.report import VIOLATION, window_result
+
+
+def cmd_verify(args, out: TextIO) -> int:
+    conns = resolve(args, kafka_required=True)
+    ledger = Ledger(conns.postgres_url)
+    target: Any = args.table
+    if args.topic:
+        target = spec_for(f"kafka:{conns.kafka_conn_id}/{args.topic}", conns)
+    elif not args.table:
+        recorded = claimed_target(ledger, args.pipeline)
+        try:
+            target = spec_for(recorded, conns)
+        except UnknownTarget as exc:
+            raise UsageError(f"cannot verify target {recorded} of pipeline {args.pipeline!r}: {exc}") from None
+    report = verify(ledger, conns.kafka_config, target, args.pipeline, count_column=args.count_column,
+                    max_examples=args.max_examples, timeout=args.kafka_timeout,
+                    max_timestamp_skew=args.max_timestamp_skew)
+    if args.output == JSON:
+        print_json(report.to_dict(), out)
+    else:
+        print_report(report, out, limit=args.limit)
+    return OK if report.clean else VIOLATIONS
+
+
+def print_report(report: VerifyReport, out: TextIO, *, limit: int = 50) -> None:
+    kind = "record lineage" if report.lineage else "aggregate: counts per window"
+    print(f"verify {report.pipeline} against {report.table} ({kind}) in {report.seconds:.1f}s", file=out)
+    print(file=out)
+    flagged = {x.window_start for x in report.violations}
+    clean = [a for a in report.windows if a.window_start not in flagged]
+    keep = {id(a) for a in (clean[-limit:] if limit > 0 else clean)}
+    shown = [a for a in report.windows if a.window_start in flagged or id(a) in keep]
+    t = report.totals
+    rows = [(a.window_start, a.state, a.kafka_records, a.published_rows, a.dead_letters, a.duplicates, a.missing,
+             a.extra, _result(window_result(a, flagged))) for a in shown]
+    rows.append(("total", "", t.kafka_records, t.published_rows, t.dead_letters, t.duplicates, t.missing,
+                 t.extra, ""))
+    print(table(["window start (UTC)", "state", "kafka records", "published", "dead letters", "duplicates",
+                 "missing", "extra", "result"], rows), file=out)
+    if len(shown) < len(report.windows):
+        print(f"({len(report.windows) - len(shown)} older clean window(s) not shown; --limit 0 shows all)", file=out)
+    print(file=out)
+    offsets_wrong = sum(x.kind == OFFSETS for x in report.violations)
+    print(f"partition offsets: {len(report.expected_offsets)} partition(s) in the contiguous committed prefix, "
+          + ("eos.partition_offsets matches" if not offsets_wrong else f"{offsets_wrong} wrong"), file=out)
+    if report.clean:
+        proof = "is published exactly once or is a dead letter" if report.lineage else "is counted as the ledger says"
+        print(f"CLEAN: every record of {report.committed_windows} committed window(s) {proof}", file=out)
+        return
+    print(f"VIOLATIONS: {len(report.violations)}", file=out)
+    for x in report.violations:
+        print(f"  {x.kind:<18} {x.message}", file=out)
+
+
+def _result(result: str | None) -> str:
+    return "VIOLATION" if result == VIOLATION else result or "-"
