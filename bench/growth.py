@@ -4,7 +4,7 @@
   same 1M records (bench records.produce: round-robin, one later record per
   partition so the window is closed), each planned by the production plan step
   (``airflow_eos.steps.plan`` with a ``KafkaLog`` and the ledger, as the plan
-  operator calls it) for a fresh pipeline, ``repeats`` times; the median;
+  operator calls it) for a fresh pipeline, up to MAX_REPEATS (3) times; the median;
 - plan and commit time against the ledger's size: the example pipeline
   (dags/orders_hourly.py, replace_window) with 10, 1,000 and 10,000 committed
   windows before the measured one. The windows are seeded with SQL that copies
@@ -15,7 +15,7 @@
   earlier windows are empty), then ANALYZE (as autovacuum would have); the
   measured window is then planned, staged and committed for real by
   ``dag.test`` (its ledger rows deleted before each run, so the same window is
-  planned again), ``repeats`` times; the median;
+  planned again), up to MAX_REPEATS (3) times; the median;
 - ``airflow-eos verify`` (the CLI, a subprocess) of the exactly-once window
   (§2a's database) against the consume ceiling.
 
@@ -39,6 +39,7 @@ PARTITION_RECORDS = 1_000_000
 LEDGER_SIZES = (10, 1_000, 10_000)
 LEDGER_DAG = "orders_hourly"
 LEDGER_TABLE = "analytics.orders"
+MAX_REPEATS = 3  # runs per point (the median); the bench's --repeats if fewer
 # Ledger tables whose rows belong to one window (keyed by pipeline and window_start), parents first.
 WINDOW_TABLES = ("windows", "window_ranges", "attempts", "checkpoint_ranges", "checkpoint_chunks", "read_ranges")
 # Columns set to 0 in the copies: offsets and record counts of the (empty) earlier windows.
@@ -98,7 +99,7 @@ def measure_partition_growth(bench, url: str) -> dict:
         produce_s = time.perf_counter() - t
         runs = []
         try:
-            for j in range(bench.repeats):
+            for j in range(min(bench.repeats, MAX_REPEATS)):
                 seconds, records = _plan_once(bench.bootstrap, url, topic, f"growth_p{n}_{j}")
                 if records != sum(ends.values()):
                     raise RuntimeError(f"plan of {topic} covers {records} records, expected {sum(ends.values())}")
@@ -194,7 +195,7 @@ def measure_ledger_growth(bench, size: int, url: str, run_after) -> dict:
         seed_s = seed_windows(url, pipeline, seeded + 1, n)
         seeded = n
         runs = []
-        for _ in range(bench.repeats):
+        for _ in range(min(bench.repeats, MAX_REPEATS)):
             forget_window(url, pipeline)
             runs.append(one_run())
         before = committed_windows(url, pipeline) - 1
@@ -283,7 +284,7 @@ def growth_section(res: dict) -> str:
                 "The production plan step (`airflow_eos.steps.plan`: a `KafkaLog` and the ledger, what the plan "
                 "operator calls) of the window holding the same 1,000,000 records produced round-robin into a topic "
                 "of n partitions, each plan for a fresh pipeline (cuts resolved and frozen, not loaded), "
-                f"`--repeats` times; the median. Growth: **{res.get('plan_growth_vs_partitions', '–')}**.\n\n",
+                f"3 times (fewer if `--repeats` is); the median. Growth: **{res.get('plan_growth_vs_partitions', '–')}**.\n\n",
                 "| partitions | plan (median) | every run | records/partition |\n|---:|---:|---|---:|\n"]
         out += [f"| {int(n):,} | {_secs(parts[n]['plan_s'])} | {_runs(parts[n]['runs'])} | "
                 f"{PARTITION_RECORDS // int(n):,} |\n" for n in keys]
@@ -296,7 +297,7 @@ def growth_section(res: dict) -> str:
                 "of the pipeline (window, ranges, attempt, checkpoint ranges and chunks, read ranges, cuts), each "
                 "copy k hours earlier with offsets 0 (empty windows: the topic's records all lie in the measured "
                 "window), then ANALYZE. The measured window's rows are deleted before each run, so each run plans "
-                "it again; `--repeats` runs, the median (by commit). Commit = the commit step's own seconds (the "
+                "it again; 3 runs (fewer if `--repeats` is), the median (by commit). Commit = the commit step's own seconds (the "
                 "target's transaction: lock, checks, INSERT … SELECT, offsets, mark committed). Growth: plan "
                 f"**{res.get('plan_growth_vs_ledger', '–')}**, commit **{res.get('commit_growth_vs_ledger', '–')}**."
                 "\n\n| committed windows before | plan task (median) | plan runs | commit (median run) | commit runs "
