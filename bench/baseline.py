@@ -99,7 +99,7 @@ def at_least_once(spark, url: str, bootstrap: str, group: str, ends: dict[int, i
 
 def register_copy_sink(spark) -> None:
     """The ``bench_copy`` data source: each write task COPYs its rows into the
-    table in one transaction (the sink's CSV encoder), nothing else."""
+    table in one transaction (the sink's encoder: binary COPY), nothing else."""
     from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
     class CopyMessage(WriterCommitMessage):
@@ -110,16 +110,26 @@ def register_copy_sink(spark) -> None:
             self.url, self.table = options["url"], options["table"]
 
         def write(self, iterator):
+            import itertools
+
             import psycopg
+            from psycopg import sql
 
-            from airflow_eos.targets.postgres.target import _csv
+            from airflow_eos.targets.postgres.encoding import column_types, encoder_for
 
+            batches = (b.select(list(TARGET_COLUMNS)) for b in iterator if b.num_rows)
+            first = next(batches, None)
+            if first is None:
+                return CopyMessage()
             with psycopg.connect(self.url) as conn, conn.transaction(), conn.cursor() as cur:
                 cur.execute("SET LOCAL TIME ZONE 'UTC'")
-                with cur.copy(f"COPY {self.table} ({', '.join(TARGET_COLUMNS)}) FROM STDIN (FORMAT csv)") as cp:
-                    for batch in iterator:
-                        if batch.num_rows:
-                            cp.write(_csv(batch.select(list(TARGET_COLUMNS))))
+                encoder = encoder_for(first.schema, column_types(conn, sql.Identifier(*self.table.split("."))))
+                with cur.copy(f"COPY {self.table} ({', '.join(TARGET_COLUMNS)}) FROM STDIN "
+                              f"(FORMAT {encoder.option})") as cp:
+                    cp.write(encoder.header())
+                    for batch in itertools.chain([first], batches):
+                        cp.write(encoder.encode(batch))
+                    cp.write(encoder.trailer())
             return CopyMessage()
 
     class CopySource(DataSource):

@@ -1,7 +1,7 @@
 """The ceilings a window is compared with, measured on the same records in the
 same run: raw confluent-kafka consume (one process per core), raw PostgreSQL
-COPY of the rows the transform produces (one connection per core, CSV encoded
-beforehand), raw Spark read of the planned ranges (eos_kafka count(),
+COPY of the rows the transform produces (one connection per core, encoded
+beforehand as the sink encodes them: binary COPY), raw Spark read of the planned ranges (eos_kafka count(),
 in-process local[cores] session, warm)."""
 
 from __future__ import annotations
@@ -107,19 +107,29 @@ def raw_consume(bootstrap: str, ends: dict[int, int], processes: int, meter: Cpu
 # --------------------------------------------------------------------------- ceiling: raw COPY
 
 def raw_copy(url: str, table, connections: int, meter: CpuMeter) -> tuple[int, float, dict]:
-    """COPY the rows (CSV encoded beforehand) with ``connections`` connections in
-    parallel, each in one transaction, into an empty table shaped like the target."""
+    """COPY the rows (encoded beforehand by the sink's encoder) with ``connections``
+    connections in parallel, each in one transaction, into an empty table shaped
+    like the target."""
     import psycopg
+    import pyarrow as pa
+    from psycopg import sql
 
-    from airflow_eos.targets.postgres.target import _csv
+    from airflow_eos.targets.postgres.encoding import column_types, encoder_for
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {COPY_TABLE}")
         conn.execute(f"CREATE TABLE {COPY_TABLE} (LIKE analytics.orders INCLUDING ALL)")
+    # the amount as the orders transform gives it to the sink (a decimal(12,2)), not as JSON text
+    table = table.set_column(table.schema.get_field_index("amount"), "amount",
+                             table.column("amount").cast(pa.decimal128(12, 2)))
     n = table.num_rows
     parts = [table.slice(n * i // connections, n * (i + 1) // connections - n * i // connections)
              for i in range(connections)]
-    payloads = [[_csv(b) for b in part.to_batches(max_chunksize=20_000)] for part in parts]
+    with psycopg.connect(url) as conn:
+        types = column_types(conn, sql.Identifier(*COPY_TABLE.split(".")))
+    encoder = encoder_for(table.select(list(TARGET_COLUMNS)).schema, types)
+    payloads = [[encoder.header()] + [encoder.encode(b) for b in part.select(list(TARGET_COLUMNS)).to_batches(
+        max_chunksize=20_000)] + [encoder.trailer()] for part in parts]
     conns = [psycopg.connect(url) for _ in parts]
     errors = []
 
@@ -127,7 +137,7 @@ def raw_copy(url: str, table, connections: int, meter: CpuMeter) -> tuple[int, f
         try:
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute("SET LOCAL TIME ZONE 'UTC'")
-                with cur.copy(f"COPY {COPY_TABLE} ({', '.join(TARGET_COLUMNS)}) FROM STDIN (FORMAT csv)") as cp:
+                with cur.copy(f"COPY {COPY_TABLE} ({', '.join(TARGET_COLUMNS)}) FROM STDIN (FORMAT {encoder.option})") as cp:
                     for chunk in chunks:
                         cp.write(chunk)
         except Exception as exc:  # noqa: BLE001 - reported below

@@ -38,6 +38,7 @@ def headline(results: dict) -> dict:
         "stage_peak_rss_bytes_1m": big["exactly_once"]["stage_peak_rss_bytes"],
         "target_window_1m_seconds": big["ratios"]["target_window_s"],
         "cpu_floor_window_1m_seconds": big["ratios"]["cpu_floor_window_s"],
+        "floor_over_window_1m": big["ratios"].get("floor_over_window"),
         "cpu_core_seconds_1m": {k: big[k]["cpu_s"] for k in CPU_COLUMNS},
     }
 
@@ -314,6 +315,8 @@ def _ratios_section(res: dict) -> str:
         row("window time the 0.5 target allows (2 × slowest ceiling's time)", ratio("target_window_s", _secs)),
         row("CPU floor of a window: (Spark read + COPY ceilings' core-seconds) / cores (§6)",
             ratio("cpu_floor_window_s", _secs)),
+        row("CPU floor / window time (goal ≥ 0.67)",
+            lambda r: f"{r['ratios']['floor_over_window']:.2f}" if "floor_over_window" in r["ratios"] else "–"),
     ])
 
 

@@ -404,6 +404,9 @@ def ratios(r: dict, size: int, cores: int) -> dict:
         # What the 0.5 target allows, against what the ceilings' own work takes on these cores.
         "target_window_s": 2 * size / slowest,
         "cpu_floor_window_s": (r["ceiling_spark_read"]["cpu_s"]["ours"] + r["ceiling_copy"]["cpu_s"]["ours"]) / cores,
+        # The CPU floor over the window's time: 1.0 = the window does only the read's and the COPY's work.
+        "floor_over_window": ((r["ceiling_spark_read"]["cpu_s"]["ours"] + r["ceiling_copy"]["cpu_s"]["ours"]) / cores
+                              / e2e["window_s"]),
     }
 
 

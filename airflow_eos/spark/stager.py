@@ -27,6 +27,7 @@ from airflow_eos.core.attempt import Attempt, StagedChunk
 from airflow_eos.core.errors import EosError, TargetError
 from airflow_eos.spark.kafka_ranges import read_records
 from airflow_eos.spark.stage_settings import StageSettings
+from airflow_eos.targets.postgres.encoding import CopyFormat, row_of_line
 from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
@@ -66,6 +67,11 @@ class _Refusal:
     line: int
     message: str
     column: str | None = None
+    copy_format: CopyFormat = CopyFormat.CSV
+
+    def row(self, table: "pa.Table") -> int | None:
+        """The refused row of ``table`` (what the COPY sent), if it can be told."""
+        return row_of_line(self.copy_format, table, self.line)
 
 
 def _refusal(exc: TargetError, staging: str, columns: Sequence[str] = ()) -> _Refusal | None:
@@ -83,32 +89,7 @@ def _refusal(exc: TargetError, staging: str, columns: Sequence[str] = ()) -> _Re
     column = next((c for c in sorted(columns, key=len, reverse=True)
                    if where == f"column {c}" or where.startswith(f"column {c}: ")), None)
     return _Refusal(int(match.group(2)), (cause.diag.message_primary or str(cause)) + (f" ({where})" if where else ""),
-                    column)
-
-
-def _row_of_line(table: "pa.Table", line: int) -> int | None:
-    """The row (0-based) that PostgreSQL numbers ``line`` in a CSV COPY of ``table``.
-
-    COPY counts physical lines, newlines inside quoted values included, except
-    inside the first row (it learns the line ending at the first row's end).
-    None when no row starts a count that matches.
-    """
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = table.num_rows
-    newlines = np.zeros(n, dtype=np.int64)
-    for column in table.columns:
-        t = column.type
-        if pa.types.is_dictionary(t):
-            column, t = column.cast(t.value_type), t.value_type
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            newlines += pc.fill_null(pc.count_substring(column, "\n"), 0).to_numpy(zero_copy_only=False)
-    newlines[0] = 0
-    lines = np.arange(1, n + 1) + np.cumsum(newlines)
-    row = int(np.searchsorted(lines, line))
-    return row if row < n and lines[row] == line else None
+                    column, getattr(exc, "copy_format", CopyFormat.CSV))
 
 
 class TaskStager:
@@ -300,7 +281,7 @@ class TaskStager:
             if n == 1:
                 self._refuse(table, refusal)
                 return
-            row = _row_of_line(self._staged(table), refusal.line)
+            row = refusal.row(self._staged(table))
             if row is None:
                 self._isolate_rows(table.slice(0, n // 2))
                 table, refusal = table.slice(n // 2), None
@@ -333,7 +314,7 @@ class TaskStager:
 
         column = refusal.column
         # COPY took every row before the one it refused: ask only about the rest.
-        first = _row_of_line(self._staged(table), refusal.line) or 0
+        first = refusal.row(self._staged(table)) or 0
         values = table.column(column)
         pg_type, refused = self.writer.refused_values(column, values.slice(first))
         refused = [(first + row, text, error) for row, text, error in refused]

@@ -90,7 +90,8 @@ from airflow_eos.targets.postgres.names import (
     staging_ids,
     table_identifier,
 )
-from airflow_eos.targets.postgres.writer import StagingWriter, _csv
+from airflow_eos.targets.postgres.encoding import _csv
+from airflow_eos.targets.postgres.writer import StagingWriter
 
 # psycopg and pyarrow are imported by the functions that use them: a DAG file
 # builds a PostgresTarget at parse time, and parsing must not load them.

@@ -1,5 +1,6 @@
 """The writer of the PostgreSQL target: what a Spark task runs to stage its
-rows (StagingWriter), the CSV encoding COPY reads, and the dead-letter rows.
+rows (StagingWriter) and the dead-letter rows; the encoding COPY reads (binary
+when the staged types allow it, else CSV) is :mod:`.encoding`'s.
 
 A task COPYs its Arrow batches into the attempt's staging in one transaction
 tagged with a fresh chunk id, and returns the chunk's counts. A task that fails
@@ -24,12 +25,29 @@ from airflow_eos.core.attempt import StagedChunk
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import LedgerUnavailable, TargetError
 from airflow_eos.core.faults import fault_point
+from airflow_eos.targets.postgres.encoding import (
+    NUL_REFUSED,
+    CopyFormat,
+    column_types,
+    copy_texts,
+    encoder_for,
+    split_nul,
+)
 from airflow_eos.targets.postgres.names import CHUNK_COLUMN, STAGING_SCHEMA, pg_message, staging_ids
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
+
+class CopyRefused(TargetError):
+    """A COPY into the staging failed on the server; ``format`` is the chunk's
+    COPY format (a refused row's ``line`` means a different thing in each)."""
+
+    def __init__(self, message: str, copy_format: CopyFormat):
+        super().__init__(message)
+        self.copy_format = copy_format
+
 
 @dataclass(frozen=True)
 class StagingWriter:
@@ -74,6 +92,7 @@ class StagingWriter:
         chunk = secrets.randbits(63)
         digest = hashlib.blake2b(digest_size=16)
         rows = dead = 0
+        fmt = CopyFormat.CSV
         started = time.monotonic()
         rows_table, dead_table = staging_ids(self.staging)
         conn = connect(self.url, f"stage {self.staging}")
@@ -86,17 +105,22 @@ class StagingWriter:
                     first = next(batches, None)
                     if first is not None:
                         order = self._check_columns(first.schema.names)
-                        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
-                                rows_table, sql.SQL(", ").join(map(sql.Identifier, order)))) as copy:
+                        encoder = encoder_for(first.schema, column_types(conn, rows_table))
+                        fmt = encoder.format
+                        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(
+                                rows_table, sql.SQL(", ").join(map(sql.Identifier, order)),
+                                sql.SQL(encoder.option))) as copy:
+                            copy.write(encoder.header())
                             for batch in itertools.chain([first], batches):
                                 if batch.schema.names != order:
                                     self._check_columns(batch.schema.names)
                                     batch = batch.select(order)
-                                payload = _csv(batch)
+                                payload = encoder.encode(batch)
                                 digest.update(payload)
                                 copy.write(payload)
                                 rows += batch.num_rows
                                 fault_point("stage.mid_write")
+                            copy.write(encoder.trailer())
                     with cur.copy(sql.SQL("COPY {} ({}, topic, partition, \"offset\", error, key, value) FROM STDIN")
                                   .format(dead_table, sql.Identifier(CHUNK_COLUMN))) as dl_copy:
                         for record in _dead_letter_rows(dead_letters):
@@ -106,16 +130,16 @@ class StagingWriter:
         except (psycopg.OperationalError, psycopg.errors.UndefinedTable) as exc:
             raise self._staging_error(exc, f"staging into {self.staging} for {self.target}") from exc
         except psycopg.Error as exc:
-            raise TargetError(f"cannot stage rows for {self.target} into {STAGING_SCHEMA}.{self.staging}: "
-                              f"{pg_message(exc)}") from exc
-        except pa.ArrowException as exc:
+            raise CopyRefused(f"cannot stage rows for {self.target} into {STAGING_SCHEMA}.{self.staging}: "
+                              f"{pg_message(exc)}", fmt) from exc
+        except (pa.ArrowException, ValueError) as exc:  # pgpq raises ValueError for what it cannot encode
             raise TargetError(f"cannot encode rows for {self.target}: {exc} (nested types need a cast to "
                               "string or JSON in the transform)") from exc
         finally:
             conn.close()
         seconds = time.monotonic() - started
-        log.info("staged chunk %d into %s: %d rows, %d dead letters in %.2fs (%.0f rows/s)", chunk, self.staging,
-                 rows, dead, seconds, rows / seconds if seconds else 0)
+        log.info("staged chunk %d into %s: %d rows (%s COPY), %d dead letters in %.2fs (%.0f rows/s)", chunk,
+                 self.staging, rows, fmt.value, dead, seconds, rows / seconds if seconds else 0)
         return StagedChunk(chunk, rows, dead, digest.hexdigest())
 
     def _staging_error(self, exc: Exception, doing: str) -> Exception:
@@ -137,7 +161,8 @@ class StagingWriter:
         order, its row, its text as COPY received it and the server's error."""
         import psycopg
         rows_table, _ = staging_ids(self.staging)
-        texts = _copy_texts(values)
+        texts = copy_texts(values)
+        asked, nul = split_nul(texts)
         conn = connect(self.url, f"check {self.staging}")
         try:
             with conn.transaction():
@@ -150,7 +175,7 @@ class StagingWriter:
                     raise TargetError(f"staging table {STAGING_SCHEMA}.{self.staging} of {self.target} has no "
                                       f"column {column!r}")
                 refused = conn.execute("SELECT ordinal - 1, error FROM eos.refused_inputs(%s::regclass, %s, %s)"
-                                       " ORDER BY ordinal", (rows_table.as_string(conn), column, texts)).fetchall()
+                                       " ORDER BY ordinal", (rows_table.as_string(conn), column, asked)).fetchall()
         except (psycopg.OperationalError, psycopg.errors.UndefinedTable) as exc:
             raise self._staging_error(exc, f"checking values for {self.target}") from exc
         except psycopg.errors.UndefinedFunction as exc:
@@ -158,7 +183,9 @@ class StagingWriter:
                               "(Ledger.migrate, version 6)") from exc
         finally:
             conn.close()
-        return found[0], [(int(row), texts[row], str(error)) for row, error in refused]
+        refused = [(int(row), texts[row], str(error)) for row, error in refused]
+        refused += [(row, text, NUL_REFUSED) for row, text in nul.items()]
+        return found[0], sorted(refused)
 
     def _check_columns(self, names: list[str]) -> list[str]:
         if len(set(names)) != len(names) or set(names) != set(self.columns):
@@ -168,48 +195,6 @@ class StagingWriter:
                               f"unexpected: {unexpected}, missing: {missing}"
                               + (", duplicated names" if len(set(names)) != len(names) else ""))
         return list(names)
-
-
-def _csv(batch: pa.RecordBatch | pa.Table) -> pa.Buffer:
-    """Arrow → PostgreSQL CSV (nulls unquoted-empty, strings quoted)."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    arrays = []
-    for f, column in zip(batch.schema, batch.columns):
-        t = f.type
-        if pa.types.is_dictionary(t):
-            column, t = column.cast(t.value_type), t.value_type
-        if pa.types.is_timestamp(t) and t.tz is not None:
-            # Arrow formats zoned timestamps ~20x slower; the instant's UTC wall
-            # clock is the same instant in the writer's UTC session.
-            column = column.cast(pa.timestamp(t.unit))
-        elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-            # bytea's hex input; Arrow's CSV writer refuses non-UTF-8 bytes
-            column = pa.array([None if v is None else "\\x" + v.hex() for v in column.to_pylist()], pa.string())
-        arrays.append(column)
-    table = pa.Table.from_arrays(arrays, names=batch.schema.names)
-    out = pa.BufferOutputStream()
-    pacsv.write_csv(table, out, pacsv.WriteOptions(include_header=False))
-    return out.getvalue()
-
-
-def _copy_texts(values: pa.Array | pa.ChunkedArray) -> list[str | None]:
-    """Each value as the text COPY receives for it from :func:`_csv` (None for
-    null): encoded by _csv itself and decoded as PostgreSQL's CSV input does
-    (an unquoted empty field is null, a quoted one the empty string)."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    payload = _csv(pa.table({"v": values}))
-    parsed = pacsv.read_csv(
-        pa.BufferReader(payload),
-        read_options=pacsv.ReadOptions(column_names=["v"]),
-        parse_options=pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False),
-        convert_options=pacsv.ConvertOptions(column_types={"v": pa.string()}, strings_can_be_null=True,
-                                             null_values=[""], quoted_strings_can_be_null=False))
-    texts = parsed.column("v").to_pylist()
-    if len(texts) != len(values):
-        raise TargetError(f"could not re-read {len(values)} values as COPY text (got {len(texts)})")
-    return texts
 
 
 def _dead_letter_rows(dead_letters: Iterable[pa.RecordBatch | pa.Table | Mapping]) -> Iterator[tuple]:
