@@ -73,6 +73,7 @@ from pathlib import Path
 # bench/'s modules, whether this file runs as a script, under spark-submit (alo-job) or is imported.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from load import measure_load  # noqa: E402
 from baseline import (  # noqa: E402
     alo_job,
     at_least_once_dag,
@@ -184,6 +185,7 @@ def measure(args: argparse.Namespace) -> dict:
         for k, size in enumerate(args.sizes):
             results["sizes"][size] = measure_size(bench, k, size, results)
         results["growth"] = measure_growth(bench)
+        results.update(measure_load(kafka.address, pg.address))  # load.py: 20 pipelines x 24 windows, one ledger
         for f in bench.admin.delete_topics([TOPIC]).values():
             f.result(15)
     return results

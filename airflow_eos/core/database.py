@@ -148,6 +148,15 @@ def _encode(part: str) -> str:
     return quote(unquote(part), safe="")
 
 
+def _connect_hint(detail: str) -> str:
+    """What to do about a connection the server refused or never answered."""
+    if "password authentication failed" in detail or "does not exist" in detail or "no pg_hba.conf" in detail:
+        return ("check the login, password and database of the PostgreSQL connection (the Airflow connection's "
+                "login, password and schema, or the URL given)")
+    return ("check that the server is up and reachable from this host at the connection's host and port, and the "
+            "connection's other settings (its extra: sslmode, connect_timeout, ...)")
+
+
 def connect(url: str, purpose: str, *, autocommit: bool = True, connect_timeout: int = 10) -> psycopg.Connection:
     """A connection to the target database, for ``purpose`` (also its
     application_name). A database that cannot be reached raises
@@ -162,7 +171,8 @@ def connect(url: str, purpose: str, *, autocommit: bool = True, connect_timeout:
     except psycopg.OperationalError as exc:
         detail = redact(str(exc), url)
         error: Exception = LedgerUnavailable(
-            f"cannot connect to the ledger database {redact(url)} to {purpose}: {detail.strip()}")
+            f"cannot connect to the ledger database {redact(url)}: {detail.strip()}; "
+            f"{_connect_hint(detail)}")
     except psycopg.Error as exc:  # libpq could not parse it: ProgrammingError
         detail = redact(str(exc), url)
         error = ConfigurationError(f"{redact(url)} is not a usable database URL: {detail.strip()}; give {_FORMS}")

@@ -73,6 +73,13 @@ class LogTruncated(EosError):
     terminal = True
 
 
+# What a person can do about LogTruncated (the planner's and the stage job's).
+LOG_TRUNCATED_ADVICE = (
+    "Nothing of this window was published and the committed windows stay as they are. Restore the topic's "
+    "records (from a backup or a mirror) and clear the window's run; if they are gone for good, this pipeline "
+    "cannot go on exactly-once over the topic: start a new pipeline id from the topic's current log")
+
+
 class SkewedTimestamp(EosError):
     """A cut would land on a record stamped more than ``max_timestamp_skew``
     beyond the window's boundary while records older than the boundary follow

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from airflow_eos.core.errors import (
+    LOG_TRUNCATED_ADVICE,
     ConfigurationError,
     LogTruncated,
     OffsetsExpired,
@@ -184,7 +185,7 @@ def check_readable(plan: WindowPlan, bounds: dict[TopicPartition, Bounds]) -> No
         if r.end_offset > b.end:
             raise LogTruncated(
                 f"window {plan.window}: {r.tp} is planned up to offset {r.end_offset}, but the log ends at "
-                f"{b.end}. The topic was recreated or lost data since the window was planned."
+                f"{b.end}. The topic was recreated or lost data since the window was planned. {LOG_TRUNCATED_ADVICE}"
             )
 
 

@@ -15,7 +15,8 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from airflow_eos.core.errors import ConfigurationError, SourceUnavailable, UnknownTopic
 from airflow_eos.core.kafka_errors import kafka_error
@@ -93,14 +94,24 @@ class ClientErrors:
         self.last: str | None = None
 
     def __call__(self, err) -> None:
-        self.last = err.str() if hasattr(err, "str") else str(err)
-        LIBRDKAFKA_LOG.warning("Kafka client error: %s", self.last)
+        text = err.str() if hasattr(err, "str") else str(err)
+        # "1/1 brokers are down" follows the reason they are (refused, SASL
+        # handshake failed, ...): it must not replace that reason in the message.
+        if not (self.last and _all_brokers_down(err)):
+            self.last = text
+        LIBRDKAFKA_LOG.warning("Kafka client error: %s", text)
 
     def hint(self, bootstrap: str) -> str:
         """What to check, after a message that says Kafka did not answer."""
         last = f"; last client error: {self.last}" if self.last else ""
         return (f"{last}; check that bootstrap.servers ({bootstrap}) is right, that the brokers are up and "
                 "reachable from this host, and the security settings")
+
+
+def _all_brokers_down(err) -> bool:
+    from confluent_kafka import KafkaError
+
+    return hasattr(err, "code") and err.code() == KafkaError._ALL_BROKERS_DOWN
 
 
 def client_logging() -> dict:
@@ -128,14 +139,37 @@ def consumer_config(kafka_config: dict, **overrides) -> dict:
 
 
 def reader(config: dict, purpose: str = "a Kafka consumer"):
-    """A confluent-kafka Consumer for ``config`` (see consumer_config); a client
-    that cannot be created is SourceUnavailable, saying for what."""
-    from confluent_kafka import Consumer, KafkaException
+    """A confluent-kafka Consumer for ``config`` (see consumer_config). A
+    configuration librdkafka refuses (an unknown property, a bad value: the
+    Kafka connection's extra) is a ConfigurationError naming the property and
+    what to change; any other client that cannot be created is
+    SourceUnavailable, saying for what. Neither shows a secret of ``config``."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException
 
     try:
         return Consumer(config)
     except KafkaException as exc:
-        raise SourceUnavailable(f"cannot create {purpose}: {exc}") from exc
+        text = _without_secrets(str(exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError)
+                                    else exc), config)
+        where = f"{purpose} for bootstrap.servers {config.get('bootstrap.servers')!r}"
+        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError._INVALID_ARG:
+            raise ConfigurationError(
+                f"cannot create {where}: {text}. The client's settings are the Kafka connection's extra "
+                "(librdkafka properties, see librdkafka's CONFIGURATION.md): correct or remove that property "
+                "there") from None
+        raise SourceUnavailable(f"cannot create {where}: {text}") from None
+
+
+# Settings whose values must never be shown: librdkafka may quote a value it refuses.
+_SECRET_KEY = re.compile(r"(?i)password|secret|sasl\.oauthbearer\.config|ssl\.key\.pem|ssl_key")
+
+
+def _without_secrets(text: str, config: Mapping[str, Any]) -> str:
+    """``text`` with the value of every secret setting of ``config`` masked."""
+    for key, value in config.items():
+        if _SECRET_KEY.search(str(key)) and isinstance(value, str) and value:
+            text = text.replace(value, "***")
+    return text
 
 
 def normalise_topics(topics, pipeline: str = "") -> tuple[str, ...]:
@@ -247,7 +281,10 @@ class KafkaLog:
             if info is None or info.error is not None:
                 code = info.error.code() if info is not None else None
                 if info is None or code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
-                    raise UnknownTopic(f"topic {topic!r} does not exist on {self._config['bootstrap.servers']}")
+                    raise UnknownTopic(
+                        f"topic {topic!r} does not exist on {self._config['bootstrap.servers']}: check the topic "
+                        "names of the pipeline's KafkaSource and that its Kafka connection points at the cluster "
+                        "that holds them (airflow-eos never creates a source topic); nothing was planned")
                 raise SourceUnavailable(f"metadata for topic {topic!r} failed: {info.error}")
             if not info.partitions:
                 raise UnknownTopic(f"topic {topic!r} has no partitions")

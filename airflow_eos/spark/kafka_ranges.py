@@ -42,7 +42,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from airflow_eos.core.errors import ConfigurationError, LogTruncated, OffsetsExpired, SourceUnavailable
+from airflow_eos.core.errors import (
+    LOG_TRUNCATED_ADVICE,
+    ConfigurationError,
+    LogTruncated,
+    OffsetsExpired,
+    SourceUnavailable,
+)
 from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.windows import PartitionRange, WindowPlan
 
@@ -441,7 +447,7 @@ def _diagnose(kafka_config: Mapping[str, Any], task: KafkaRangePartition, reache
         raise LogTruncated(
             f"{task}: the log of {tp} ends at offset {bounds.end}, before the plan's end cut "
             f"{task.end_offset}: records [{bounds.end}, {task.end_offset}) are missing. The topic lost "
-            "data or was recreated; the frozen plan cannot be read as planned"
+            f"data or was recreated; the frozen plan cannot be read as planned. {LOG_TRUNCATED_ADVICE}"
         )
 
 

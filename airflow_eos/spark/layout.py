@@ -97,7 +97,8 @@ def writer_input(out: "DataFrame", staged: Sequence[str], not_null: Iterable[str
     missing = [c for c, f in found.items() if f is None]
     if missing:
         raise ConfigurationError(f"the transform's output lacks columns {missing} of target {table} "
-                                 f"(it has {names}); target columns to stage: {list(staged)}")
+                                 f"(it has {names}); target columns to stage: {list(staged)}. Make the "
+                                 "transform return them, or change the target; nothing was staged")
     error = _find(names, ERROR_COLUMN)
     lineage = [_find(names, c) for c in LINEAGE_COLUMNS]
     raw = [_find(names, c) for c in RAW_COLUMNS]
