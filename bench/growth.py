@@ -49,15 +49,15 @@ SHIFTED = {"window_start", "window_end", "at"}
 
 def growth_name(values: list[float], sizes: tuple[int, ...]) -> str:
     """The growth of ``values`` measured at ``sizes``: flat while the biggest is
-    within 1.5x of the smallest (and 50 ms); else the exponent of the fit
-    between the ends, named (sub-linear, linear, super-linear)."""
+    within 1.5x of the smallest (or 50 ms); else the exponent k of the fit
+    between the ends, named (flat below 0.1, sub-linear, linear, super-linear)."""
     import math
 
     lo, hi = values[0], values[-1]
     if hi <= 1.5 * lo or hi - lo < 0.05:
         return "flat"
     k = math.log(hi / lo) / math.log(sizes[-1] / sizes[0])
-    name = "sub-linear" if k < 0.8 else "linear" if k <= 1.2 else "super-linear"
+    name = ("flat" if k < 0.1 else "sub-linear" if k < 0.8 else "linear" if k <= 1.2 else "super-linear")
     return f"{name} (∝ n^{k:.2f})"
 
 
@@ -277,7 +277,7 @@ def growth_section(res: dict) -> str:
         return ""
     out = ["\n## 7. How cost grows\n\nEach table measured in this run (bench/growth.py); the growth is named from "
            "the ends of the range: flat (the biggest within 1.5× or 50 ms of the smallest), else the exponent k of "
-           "time ∝ n^k between them (sub-linear < 0.8 ≤ linear ≤ 1.2 < super-linear).\n"]
+           "time ∝ n^k between them (flat < 0.1 ≤ sub-linear < 0.8 ≤ linear ≤ 1.2 < super-linear).\n"]
     if parts:
         keys = sorted(parts, key=int)
         out += ["\n### Plan time against partitions (1M records, one topic)\n\n"
@@ -285,9 +285,10 @@ def growth_section(res: dict) -> str:
                 "operator calls) of the window holding the same 1,000,000 records produced round-robin into a topic "
                 "of n partitions, each plan for a fresh pipeline (cuts resolved and frozen, not loaded), "
                 f"3 times (fewer if `--repeats` is); the median. Growth: **{res.get('plan_growth_vs_partitions', '–')}**.\n\n",
-                "| partitions | plan (median) | every run | records/partition |\n|---:|---:|---|---:|\n"]
+                "| partitions | plan (median) | every run | per partition | records/partition |\n"
+                "|---:|---:|---|---:|---:|\n"]
         out += [f"| {int(n):,} | {_secs(parts[n]['plan_s'])} | {_runs(parts[n]['runs'])} | "
-                f"{PARTITION_RECORDS // int(n):,} |\n" for n in keys]
+                f"{parts[n]['plan_s'] / int(n) * 1000:.0f} ms | {PARTITION_RECORDS // int(n):,} |\n" for n in keys]
     if ledger:
         keys = sorted(ledger, key=int)
         out += [f"\n### Plan and commit time against the ledger's size (window of {ledger_size:,} records)\n\n"
