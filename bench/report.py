@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 
 from files import files_section
+from growth import growth_section
 from kafka import kafka_section
 from load import load_section
+from peer import peer_section
 from records import HERE
 
 # results.json's headline: the biggest window's figures (1M in a full run), the smallest's latency.
@@ -79,9 +81,9 @@ def _rounded(value):
 def render_markdown(res: dict) -> str:
     """The whole page: what was measured where, then the sections in order."""
     out = [_preamble(res), _headline_section(res), _ceilings_section(res), _exactly_once_section(res),
-           _copying_section(res), _submit_section(res), files_section(res), kafka_section(res),
+           _copying_section(res), _submit_section(res), files_section(res), kafka_section(res), peer_section(res),
            _baseline_section(res), _ratios_section(res), load_section(res), "\n",
-           render_cpu(res), METHOD]
+           render_cpu(res), growth_section(res), METHOD]
     extra = HERE / "results_notes.md"
     if extra.exists():
         out.append("\n" + extra.read_text())

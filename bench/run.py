@@ -83,9 +83,17 @@ from baseline import (  # noqa: E402
 )
 from ceilings import measure_ceilings  # noqa: E402
 from files import files_headline, files_ratios, measure_files  # noqa: E402
+from growth import (  # noqa: E402
+    growth_headline,
+    measure_ledger_growth,
+    measure_partition_growth,
+    measure_verify,
+    verify_ratios,
+)
 from kafka import kafka_headline, kafka_ratios, measure_kafka  # noqa: E402
 from machine import heavy_processes, machine_info  # noqa: E402
 from measure import CpuMeter, checkpoint, median_run  # noqa: E402
+from peer import measure_peer, peer_headline, peer_ratios  # noqa: E402
 from records import HERE, HOUR, PARTITIONS, TOPIC, produce  # noqa: E402
 from report import headline, render, render_markdown, write_results  # noqa: E402
 from windows import airflow_env, load_dags, run_exactly_once  # noqa: E402
@@ -176,6 +184,7 @@ def measure(args: argparse.Namespace) -> dict:
         bench = prepare(args, kafka.address, pg.address, connect, results)
         for k, size in enumerate(args.sizes):
             results["sizes"][size] = measure_size(bench, k, size, results)
+        results["growth"] = measure_growth(bench)
         results.update(measure_load(kafka.address, pg.address))  # load.py: 20 pipelines x 24 windows, one ledger
         for f in bench.admin.delete_topics([TOPIC]).values():
             f.result(15)
@@ -207,6 +216,8 @@ def finish(results: dict, run: Run, args: argparse.Namespace) -> None:
     results.update(headline(results))
     results.update(files_headline(results))
     results.update(kafka_headline(results))
+    results.update(peer_headline(results))
+    results.update(growth_headline(results))
     write_results(results, args.out)
     print(f"\nwritten {args.out / 'results.md'} and {args.out / 'results.json'}")
     print(render_markdown(results))
@@ -221,7 +232,7 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     # One database per way of staging: the same window, each with a ledger of its own.
     modes = (("submit", "connect") + tuple(f"{kind}_{j}" for kind in ("partitioned", "files", "kafka")
                                            for j in range(bench.repeats))
-             + (("warm_up",) if k == 0 else ()))
+             + (("warm_up", "ledger_growth") if k == 0 else ()))
     urls = create_databases(bench, {mode: f"bench_{size}_{mode}_{os.getpid()}" for mode in modes})
     ends, produce_s = fresh_topic(bench, size)
     r: dict = {"produce_s": produce_s}
@@ -241,8 +252,39 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     r.update(files_ratios(r))
     r.update(measure_kafka(bench, size, ends, urls, run_after + HOUR / 2))
     r.update(kafka_ratios(r))
+    r.update(measure_peer(bench, size, ends, urls, run_after + HOUR / 2))
+    r.update(peer_ratios(r))
+    if reported_failure(r, "verify", lambda: measure_verify(bench, size, urls["connect"])):
+        r.update(verify_ratios(r))
+    if k == 0:  # on the smallest window: the ledger's part of plan and commit shows best
+        reported_failure(r, "ledger_growth",
+                         lambda: measure_ledger_growth(bench, size, urls["ledger_growth"], run_after + HOUR / 2))
     drop_databases(bench, urls)
     return r
+
+
+def measure_growth(bench: Bench) -> dict:
+    """§7's plan time against partitions (topics of their own, a database of its own)."""
+    print("\n== growth: plan time against partitions", flush=True)
+    urls = create_databases(bench, {"growth": f"bench_growth_{os.getpid()}"})
+    growth: dict = {}
+    try:
+        reported_failure(growth, "plan_vs_partitions", lambda: measure_partition_growth(bench, urls["growth"]))
+    finally:
+        drop_databases(bench, urls)
+    return growth
+
+
+def reported_failure(into: dict, key: str, measure_it) -> bool:
+    """``into[key] = measure_it()``; if it fails, its error goes into ``into[key + "_error"]``
+    (results.md shows it) instead of losing the rest of the run's figures. True when it succeeded."""
+    try:
+        into[key] = measure_it()
+        return True
+    except Exception as exc:  # noqa: BLE001 - reported in the results, not hidden
+        into[f"{key}_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"   {key} FAILED: {into[key + '_error']}", flush=True)
+        return False
 
 
 def create_databases(bench: Bench, dbnames: dict[str, str]) -> dict[str, str]:
