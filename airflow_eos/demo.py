@@ -224,13 +224,19 @@ def _run_windows_here(requests_fd: int, results_fd: int) -> int:
 
     db.initdb()
     dag = runpy.run_path(str(DAG_FILE))["dag"]
-    # What the first window's tasks would import (the SQL operator's Postgres hook, the stage's
-    # Spark Connect client: pyspark's connect modules, grpc, pandas), imported now, while the
-    # server's JVM starts.
+    # What the first window would otherwise pay (dag.test's in-process Execution API app, the SQL
+    # operator's Postgres hook, the stage's Spark Connect client: pyspark's connect modules, grpc,
+    # pandas), done now, while the server's JVM starts. Only a warm-up: skipped if Airflow moved it.
     import airflow.providers.postgres.hooks.postgres  # noqa: F401
     import pyspark.sql.connect.session  # noqa: F401
 
     import airflow_eos.spark.stage  # noqa: F401
+    try:
+        from airflow.sdk.execution_time.supervisor import in_process_api_server
+
+        in_process_api_server().app  # noqa: B018 - builds and caches the FastAPI app
+    except (ImportError, AttributeError):
+        pass
     with os.fdopen(requests_fd) as requests, os.fdopen(results_fd, "w", buffering=1) as results:
         for line in requests:
             logical, run_after, title = line.rstrip("\n").split(" ", 2)
