@@ -231,11 +231,16 @@ def _run_windows_here(requests_fd: int, results_fd: int) -> int:
     import pyspark.sql.connect.session  # noqa: F401
 
     import airflow_eos.spark.stage  # noqa: F401
+    import httpx  # an Airflow dependency
+
     try:
         from airflow.sdk.execution_time.supervisor import in_process_api_server
 
-        in_process_api_server().app  # noqa: B018 - builds and caches the FastAPI app
-    except (ImportError, AttributeError):
+        api = in_process_api_server()  # cached: dag.test's tasks use this one
+        # Its first request builds the versioned routes (~70 s of a busy 2-core machine, measured
+        # by the first task); any path does, whatever the answer.
+        httpx.Client(transport=api.transport, base_url="http://in-process.invalid./").get("/execution/health")
+    except (ImportError, AttributeError, httpx.HTTPError):
         pass
     with os.fdopen(requests_fd) as requests, os.fdopen(results_fd, "w", buffering=1) as results:
         for line in requests:

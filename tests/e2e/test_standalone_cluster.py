@@ -51,6 +51,15 @@ def master_state(webui_port: int) -> dict:
         return json.load(response)
 
 
+def master_workers(webui_port: int) -> list[dict]:
+    """The workers the master knows; none while its web UI is still starting
+    (it may answer with an HTML page before its JSON view is attached)."""
+    try:
+        return master_state(webui_port).get("workers", [])
+    except ValueError:
+        return []
+
+
 @pytest.fixture
 def standalone_cluster():
     """A master and a one-core worker, each the leader of its own process group
@@ -83,7 +92,7 @@ def standalone_cluster():
                        "--cores", "1", "--memory", "1g", "--webui-port", str(worker_ui),
                        "--work-dir", str(work_dir))
         deadline = time.monotonic() + 120
-        while not [w for w in master_state(master_ui).get("workers", []) if w.get("state") == "ALIVE"]:
+        while not [w for w in master_workers(master_ui) if w.get("state") == "ALIVE"]:
             if worker.poll() is not None:
                 raise RuntimeError(f"the worker exited: {(logs / 'worker.log').read_text()[-3000:]}")
             if time.monotonic() > deadline:
