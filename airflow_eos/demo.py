@@ -1,18 +1,22 @@
 """``make demo`` / ``airflow-eos demo``: the main job, end to end, on embedded services.
 
-1. start a throwaway PostgreSQL and the embedded Kafka-protocol broker (127.0.0.1)
+1. start a throwaway PostgreSQL, the embedded Kafka-protocol broker and a local
+   Spark Connect server (``local[2]``), all on 127.0.0.1
 2. produce four hours of order events, with malformed and late records
 3. run the example DAG ``orders_hourly`` for each hourly window through real
-   Airflow (``dag.test``) and real Spark (``spark-submit``, local[2])
-4. crash a Spark worker in the middle of staging one window, on both tries:
-   the run fails, abort cleans up; then Clear the run, as the UI does, and it
-   commits exactly once
+   Airflow (``dag.test``) and real Spark: ``spark_default`` is a ``spark_connect``
+   connection, so every window stages on the one warm server instead of paying
+   a ``spark-submit`` and a JVM start
+4. crash Spark's Python workers (exit 137, as a SIGKILL or an OOM kill) in the
+   middle of staging one window, on both tries: the run fails, abort cleans up;
+   then Clear the run, as the UI does, and it commits exactly once
 5. rerun a committed window (Clear again): ``on_committed="skip"``, no change
 6. audit everything against Kafka (``airflow-eos verify``, then ``status``: the
    CLI in a subprocess, as a user would run it) and print the tables
 
-Each DAG run is a subprocess whose Airflow log goes to a file; this process
-prints one line per step. Every process started here is stopped here.
+The DAG runs happen in one Airflow subprocess (imported once, started while the
+Spark server starts) whose log goes to a file; this process prints one line per
+step with its elapsed time. Every process started here is stopped here.
 
 The DAG is the package's own (``airflow_eos/examples/dags/orders_hourly.py``,
 which the repository's ``dags/orders_hourly.py`` imports), so an installed wheel
@@ -21,8 +25,10 @@ runs the demo as the repository does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,6 +36,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from airflow_eos.core.faults import ENV as FAULTS_ENV, STATE_ENV as FAULTS_STATE_ENV
 from airflow_eos.core.windows import to_millis
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -95,113 +102,247 @@ def produce_orders(bootstrap: str) -> dict[str, int]:
     return counts
 
 
+# --------------------------------------------------------------------------- the crash
+
+
+class WorkerCrash:
+    """``stage.mid_write=crash`` in the Spark Connect server's Python workers (they
+    inherit the server's environment), switched on for one window only.
+
+    core.faults counts the firings of ``point=crash*N`` by creating ``point.0`` …
+    ``point.N-1`` in ``EOS_FAULTS_STATE``: with every file in place nothing fires
+    (disarmed); removing them lets the next N writes crash. Armed, a stage job
+    fails however many of its tasks hit the point, on each try."""
+
+    POINT = "stage.mid_write"
+    FIRINGS = 100
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.disarm()
+
+    @property
+    def server_env(self) -> dict[str, str]:
+        return {FAULTS_ENV: f"{self.POINT}=crash*{self.FIRINGS}", FAULTS_STATE_ENV: str(self.state)}
+
+    def _claims(self) -> list[Path]:
+        return list(self.state.glob(f"{self.POINT}.*"))
+
+    def arm(self) -> None:
+        for claim in self._claims():
+            claim.unlink()
+
+    def disarm(self) -> int:
+        """Stop crashing; returns how many workers crashed since arm()."""
+        crashed = len(self._claims())
+        self.state.mkdir(parents=True, exist_ok=True)
+        for n in range(self.FIRINGS):
+            (self.state / f"{self.POINT}.{n}").touch()
+        return crashed
+
+
 # --------------------------------------------------------------------------- Airflow
 
 
-def airflow_environment(home: Path, pg_port: int, bootstrap: str) -> dict[str, str]:
+def airflow_environment(home: Path, pg_url: str, bootstrap: str, spark_connect_port: int) -> dict[str, str]:
+    from psycopg.conninfo import conninfo_to_dict
+
+    pg = conninfo_to_dict(pg_url)
     return {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in (FAULTS_ENV, FAULTS_STATE_ENV)},
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FOLDER),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}}),
-        "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps({"conn_type": "postgres", "host": "127.0.0.1", "port": pg_port,
-                                                     "login": "postgres", "schema": "postgres"}),
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps({
+            "conn_type": "postgres", "host": pg.get("host", "127.0.0.1"), "port": int(pg.get("port", 5432)),
+            "login": pg.get("user", "postgres"), "password": pg.get("password"), "schema": pg.get("dbname")}),
+        # The stage runs on the demo's warm Spark Connect server: no spark-submit, no JVM per window.
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1",
+                                                  "port": spark_connect_port}),
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
 
 
-def run_window(env: dict, log_file: Path, h: int, *, faults: str | None = None) -> str:
-    """Run (or, again, Clear and rerun) the DAG run of window h in a subprocess;
-    returns the run's state. A fixed run_after per window makes the second run of
-    a window the same DAG run, cleared, as the UI's Clear does."""
-    env = dict(env)
-    env.pop("EOS_FAULTS", None)
-    if faults:
-        env["EOS_FAULTS"] = faults
-    logical = T0 + (h + 1) * HOUR
-    run_after = T0 + timedelta(days=1, minutes=h)
-    with open(log_file, "a") as log:
-        log.write(f"\n===== window {h} ({faults or 'no faults'}) =====\n")
-        log.flush()
-        proc = subprocess.run([sys.executable, "-m", "airflow_eos.demo", "--run-window", logical.isoformat(),
-                               run_after.isoformat()], env=env, stdout=log, stderr=subprocess.STDOUT)
-    states = {0: "success", 3: "failed"}
-    return states.get(proc.returncode, f"error (exit {proc.returncode}, see {log_file})")
+class WindowRunner:
+    """One Airflow process for all the demo's DAG runs: it imports Airflow, makes
+    its database and parses the DAG once, then runs (or, again, Clears and
+    reruns) the DAG run of a window per request. A fixed run_after per window
+    makes the second run of a window the same DAG run, cleared, as the UI's
+    Clear does. Its output (Airflow's and the Spark client's logs) goes to
+    ``log_file``; the states come back on a pipe of their own."""
+
+    def __init__(self, env: dict[str, str], log_file: Path) -> None:
+        self.log_file = log_file
+        read_fd, self._write_fd = os.pipe()
+        results_fd, child_results_fd = os.pipe()
+        with open(log_file, "a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "airflow_eos.demo", "--run-windows", str(read_fd), str(child_results_fd)],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(read_fd, child_results_fd))
+        os.close(read_fd)
+        os.close(child_results_fd)
+        self._requests = os.fdopen(self._write_fd, "w", buffering=1)
+        self._results = os.fdopen(results_fd, "r")
+
+    def run(self, h: int, title: str) -> str:
+        logical = T0 + (h + 1) * HOUR
+        run_after = T0 + timedelta(days=1, minutes=h)
+        try:
+            self._requests.write(f"{logical.isoformat()} {run_after.isoformat()} {title}\n")
+            self._requests.flush()
+            answer = self._results.readline().strip()
+        except BrokenPipeError:
+            answer = ""
+        return answer or f"error (the Airflow process exited with {self.proc.poll()}, see {self.log_file})"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._requests.close()  # end of requests: the process exits
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._results.close()
+
+    def __enter__(self) -> "WindowRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def _run_window_here(logical: str, run_after: str) -> int:
-    """In the subprocess: one dag.test of orders_hourly; exit 0 success, 3 failed."""
+def _run_windows_here(requests_fd: int, results_fd: int) -> int:
+    """In the Airflow process: a dag.test of orders_hourly per request line
+    ("logical run_after title"); answers the run's state, one line each."""
     import runpy
 
     from airflow.utils import db
 
     db.initdb()
     dag = runpy.run_path(str(DAG_FILE))["dag"]
-    run = dag.test(logical_date=datetime.fromisoformat(logical), run_after=datetime.fromisoformat(run_after))
-    return 0 if run.state == "success" else 3
+    # What the first window would otherwise pay (dag.test's in-process Execution API app, the SQL
+    # operator's Postgres hook, the stage's Spark Connect client: pyspark's connect modules, grpc,
+    # pandas), done now, while the server's JVM starts. Only a warm-up: skipped if Airflow moved it.
+    import airflow.providers.postgres.hooks.postgres  # noqa: F401
+    import pyspark.sql.connect.session  # noqa: F401
+
+    import airflow_eos.spark.stage  # noqa: F401
+    import httpx  # an Airflow dependency
+
+    try:
+        from airflow.sdk.execution_time.supervisor import in_process_api_server
+
+        api = in_process_api_server()  # cached: dag.test's tasks use this one
+        # Its first request builds the versioned routes (~70 s of a busy 2-core machine, measured
+        # by the first task); any path does, whatever the answer.
+        httpx.Client(transport=api.transport, base_url="http://in-process.invalid./").get("/execution/health")
+    except (ImportError, AttributeError, httpx.HTTPError):
+        pass
+    with os.fdopen(requests_fd) as requests, os.fdopen(results_fd, "w", buffering=1) as results:
+        for line in requests:
+            logical, run_after, title = line.rstrip("\n").split(" ", 2)
+            print(f"\n===== {title} =====", flush=True)
+            run = dag.test(logical_date=datetime.fromisoformat(logical),
+                           run_after=datetime.fromisoformat(run_after))
+            results.write(f"{run.state}\n")
+    return 0
+
+
+def attempts_of(pg_url: str, h: int) -> str:
+    """The window's attempts as the ledger has them, and staging left behind."""
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        states = conn.execute("SELECT state, count(*) FROM eos.attempts WHERE pipeline = 'orders_hourly'"
+                              " AND window_start = %s GROUP BY state ORDER BY state", (T0 + h * HOUR,)).fetchall()
+        staging = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'eos_staging'").fetchone()[0]
+    return ", ".join(f"{n} {state}" for state, n in states) + f"; staging tables left: {staging}"
 
 
 # --------------------------------------------------------------------------- the demo
+
+
+def run_demo(pg_url: str, bootstrap: str, work: Path) -> int:
+    """The story on the given PostgreSQL (target and ledger) and broker (its
+    ``orders`` topic must not exist): windows, crash, Clear, rerun, audit.
+    Returns 0 when the audit is clean."""
+    from airflow_eos.embedded import SparkConnectServer
+
+    began = time.monotonic()
+    log_file = work / "airflow.log"
+    crash = WorkerCrash(work / "faults")
+    t = step("starting Spark Connect (local[2]) and Airflow")
+    connect = SparkConnectServer("local[2]", env=crash.server_env)
+    # The Airflow process imports Airflow and parses the DAG while the JVM starts.
+    with WindowRunner(airflow_environment(work / "airflow-home", pg_url, bootstrap, connect.port), log_file) as runs, \
+            connect:
+        done(t, f"Spark Connect on {connect.url}")
+        t = step("producing four hours of orders into topic 'orders' (4 partitions)")
+        counts = produce_orders(bootstrap)
+        done(t, f"{counts['records']} records, {counts['malformed']} malformed, {counts['late']} late")
+        say()
+        say("running DAG orders_hourly, one run per hourly window (stage on Spark Connect):")
+        for h in range(HOURS):
+            window = f"[{(T0 + h * HOUR):%H:%M}, {(T0 + (h + 1) * HOUR):%H:%M})"
+            if h == CRASHED_WINDOW:
+                t = step(f"window {window}: Spark's Python workers crash mid-COPY, on both tries of the stage")
+                crash.arm()
+                state = runs.run(h, f"window {h}, workers crashing")
+                crashed = crash.disarm()
+                done(t, f"run {state}; {crashed} workers crashed; attempts: {attempts_of(pg_url, h)}")
+                t = step(f"window {window}: Clear (the UI's rerun)")
+                done(t, f"run {runs.run(h, f'window {h}, cleared')}")
+            else:
+                t = step(f"window {window}")
+                done(t, f"run {runs.run(h, f'window {h}')}")
+        t = step("window [00:00, 01:00) again: Clear a committed window (on_committed='skip')")
+        done(t, f"run {runs.run(0, 'window 0, cleared')}; committed already: no attempt, no Spark job, "
+                "nothing republished")
+        shutil.copy(connect.logfile.name, work / "spark-connect.log")
+
+    say()
+    # The CLI as a user runs it, in a subprocess: the demo does not import the CLI,
+    # whose `demo` subcommand imports this module.
+    cli = [sys.executable, "-m", "airflow_eos.cli"]
+    connections = ["--postgres-url", pg_url, "--kafka-bootstrap", bootstrap]
+    t = step("auditing the target against Kafka (airflow-eos verify)")
+    audit = subprocess.run([*cli, "verify", "--pipeline", "orders_hourly", "--table", "analytics.orders",
+                            *connections], capture_output=True, text=True)
+    done(t)
+    say()
+    say(audit.stdout + audit.stderr)
+    subprocess.run([*cli, "status", "--pipeline", "orders_hourly", *connections])
+    say()
+    say(f"demo: {time.monotonic() - began:.0f}s from the services' start to the audit")
+    return 0 if audit.returncode == 0 else 1
 
 
 def main() -> int:
     from airflow_eos.embedded import EmbeddedBroker, PostgresServer
 
     work = Path(tempfile.mkdtemp(prefix="eos-demo-"))
-    log_file = work / "airflow.log"
     say("airflow-eos demo: exactly-once hourly windows, Kafka -> Spark -> PostgreSQL, through Airflow")
-    say(f"  (Airflow and Spark logs: {log_file})")
+    say(f"  (logs: Airflow {work / 'airflow.log'}, Spark {work / 'spark-connect.log'})")
     say()
     with PostgresServer() as pg, EmbeddedBroker() as broker:
         say(f"services: PostgreSQL on 127.0.0.1:{pg.port}, Kafka-protocol broker on {broker.bootstrap}")
-        t = step("producing four hours of orders into topic 'orders' (4 partitions)")
-        counts = produce_orders(broker.bootstrap)
-        done(t, f"{counts['records']} records, {counts['malformed']} malformed, {counts['late']} late")
-        env = airflow_environment(work / "airflow-home", pg.port, broker.bootstrap)
-        say()
-        say("running DAG orders_hourly, one run per hourly window:")
-        for h in range(HOURS):
-            window = f"[{(T0 + h * HOUR):%H:%M}, {(T0 + (h + 1) * HOUR):%H:%M})"
-            if h == CRASHED_WINDOW:
-                t = step(f"window {window}: Spark workers crash mid-COPY, on both tries of the stage")
-                state = run_window(env, log_file, h, faults="stage.mid_write=crash")
-                done(t, f"run {state}; abort dropped the failed attempts' staging")
-                t = step(f"window {window}: Clear (the UI's rerun)")
-                state = run_window(env, log_file, h)
-                done(t, f"run {state}")
-            else:
-                t = step(f"window {window}")
-                done(t, f"run {run_window(env, log_file, h)}")
-        t = step("window [00:00, 01:00) again: Clear a committed window (on_committed='skip')")
-        done(t, f"run {run_window(env, log_file, 0)}; committed already: no attempt, no Spark job, nothing republished")
-
-        say()
-        # The CLI as a user runs it, in a subprocess: the demo does not import the CLI,
-        # whose `demo` subcommand imports this module.
-        cli = [sys.executable, "-m", "airflow_eos.cli"]
-        connections = ["--postgres-url", pg.url, "--kafka-bootstrap", broker.bootstrap]
-        t = step("auditing the target against Kafka (airflow-eos verify)")
-        audit = subprocess.run([*cli, "verify", "--pipeline", "orders_hourly", "--table", "analytics.orders",
-                                *connections], capture_output=True, text=True)
-        done(t)
-        say()
-        say(audit.stdout + audit.stderr)
-        subprocess.run([*cli, "status", "--pipeline", "orders_hourly", *connections])
-        say()
-        say("where to look next:")
-        say("  README.md                     the DAG API, reruns and backfills, running on a cluster")
-        say("  docs/guarantees.md            what is guaranteed, under which assumptions, how it is tested")
-        say(f"  {DAG_FILE}")
-        say("                                the DAG this demo ran (dags/orders_hourly.py in the repository)")
-        say("  airflow-eos status|verify     the same views on your own pipelines")
-        say(f"  {log_file}  the Airflow and Spark logs of every run")
-        return 0 if audit.returncode == 0 else 1
+        code = run_demo(pg.url, broker.bootstrap, work)
+    say()
+    say("where to look next:")
+    say("  README.md                     the DAG API, reruns and backfills, running on a cluster")
+    say("  docs/guarantees.md            what is guaranteed, under which assumptions, how it is tested")
+    say(f"  {DAG_FILE}")
+    say("                                the DAG this demo ran (dags/orders_hourly.py in the repository)")
+    say("  airflow-eos status|verify     the same views on your own pipelines")
+    say(f"  {work}  the Airflow and Spark logs of every run")
+    return code
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--run-window":
-        sys.exit(_run_window_here(sys.argv[2], sys.argv[3]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--run-windows":
+        sys.exit(_run_windows_here(int(sys.argv[2]), int(sys.argv[3])))
     sys.exit(main())
