@@ -24,26 +24,16 @@ from conftest import new_pipeline, scratch_database
 
 from airflow_eos.core.errors import LogTruncated
 from airflow_eos.core.sink import PUBLISHED
-from airflow_eos.core.windows import WindowPlan
 from airflow_eos.embedded import EmbeddedBroker
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 from airflow_eos.verify import verify
 from harness import chaos
-from harness.chaos import Harness, check, plan_step, published_lineage, stage_attempt
+from harness.chaos import Harness, check, plan_step, published_lineage, staged_and_prepared
 
 # (target, PostgreSQL mode) cells: every target, PostgreSQL in each mode.
 CELLS = [("postgres", "replace_window"), ("postgres", PARTITION_PER_WINDOW), ("files", "replace_window"),
          ("kafka", "replace_window")]
 CELL_IDS = ["postgres-replace_window", "postgres-partition_per_window", "files", "kafka"]
-
-
-def prepared(p, i):
-    """Window ``i`` planned, staged and prepared by a new attempt (not committed)."""
-    plan = WindowPlan.from_dict(plan_step(p, p.window(i)))
-    attempt = p.target.begin(plan.window)
-    stage_attempt(p, plan, attempt)
-    assert p.target.prepare(attempt).prepared
-    return attempt
 
 
 def waiting_on_locks(url, count, timeout=20.0) -> None:
@@ -93,7 +83,7 @@ def test_commits_of_different_windows_of_one_pipeline_at_once(target, mode, make
     p = make_pipeline(f"windows_at_once_{target}", mode=mode, target=target)
     h = Harness(p, tmp_path)
     windows = [0, 1, 2, 3]
-    attempts = {i: prepared(p, i) for i in windows}
+    attempts = {i: staged_and_prepared(p, i) for i in windows}
     results: list = []
     with psycopg.connect(p.url) as gate:
         gate.execute("SELECT 1 FROM eos.windows WHERE pipeline = %s FOR UPDATE", (p.name,))
@@ -132,7 +122,7 @@ def test_a_sweep_racing_a_commit_either_aborts_it_or_lets_it_publish(target, mod
         windows = list(range(6))
         ways = []
         for i in windows:
-            attempt = prepared(p, i)
+            attempt = staged_and_prepared(p, i)
             (committed, commit_error), (swept, sweep_error) = at_once([
                 lambda: p.target.commit(attempt), lambda: p.target.sweep(timedelta(0))])
             assert sweep_error is None, repr(sweep_error)

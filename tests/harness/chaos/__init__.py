@@ -72,6 +72,7 @@ from harness.chaos.pipeline import (
     python_job,
     stage_attempt,
     stage_step,
+    staged_and_prepared,
 )
 from harness.chaos.schedules import Schedule, run_schedule
 from harness.chaos.source import (
@@ -98,5 +99,5 @@ __all__ = [
     "abort_step", "await_step", "check", "commit_step", "create_target_table", "create_topic",
     "faults_for", "plan_step", "produce", "record_value", "run_schedule", "run_step", "source_records",
     "spark_transform",
-    "stage_attempt", "stage_step", "transform_batch",
+    "stage_attempt", "stage_step", "staged_and_prepared", "transform_batch",
 ]

@@ -233,6 +233,15 @@ def abort_step(p: Pipeline, window: Window, reason: str = "aborted by the teardo
     return steps.abort(p.target, window, reason)
 
 
+def staged_and_prepared(p: Pipeline, i: int) -> Attempt:
+    """Window ``i`` planned, staged by a new attempt and prepared (not committed)."""
+    plan = WindowPlan.from_dict(plan_step(p, p.window(i)))
+    attempt = p.target.begin(plan.window)
+    stage_attempt(p, plan, attempt)
+    assert p.target.prepare(attempt).prepared
+    return attempt
+
+
 def mirrored_offsets(kafka_config: Mapping[str, Any], group_id: str,
                      tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
     from confluent_kafka import Consumer
