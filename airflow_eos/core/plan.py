@@ -172,10 +172,11 @@ def check_readable(plan: WindowPlan, bounds: dict[TopicPartition, Bounds]) -> No
     """A frozen range that retention already deleted, or that lies past the end
     of the log, can no longer be read as planned: say so loudly."""
     for r in plan.ranges:
-        if r.width == 0:
-            continue
         b = bounds[r.tp]
-        if r.start_offset < b.log_start:
+        # An empty range is checked too: a log that now ends before it (the
+        # topic lost its records) would otherwise freeze empty windows at the
+        # old cut and commit them, and skip whatever the new log holds below it.
+        if r.width > 0 and r.start_offset < b.log_start:
             raise OffsetsExpired(
                 f"window {plan.window}: {r.tp} must be read from offset {r.start_offset} to {r.end_offset}, "
                 f"but the log now starts at offset {b.log_start} (retention deleted "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,10 +46,15 @@ class Tally:
     runs: int = 0
     failed: list[str] = field(default_factory=list)
     seeds: str = ""
+    faults: Counter = field(default_factory=Counter)  # fault point -> firings, over every scenario and schedule
+    targets: Counter = field(default_factory=Counter)  # target -> randomized schedules run
 
-    def add(self, verdict: chaos.Verdict, *, schedule: bool = False) -> None:
+    def add(self, verdict: chaos.Verdict, *, schedule: str | None = None) -> None:
+        """Count a scenario's verdict (``schedule``: a randomized schedule's, on that target)."""
+        self.faults.update(verdict.faults_fired)
         if schedule:
             self.schedules += 1
+            self.targets[schedule] += 1
         else:
             self.scenarios += 1
         t = verdict.report.totals
@@ -87,6 +93,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         f"chaos: verified {t.records} Kafka records of committed windows = {t.rows} rows published + "
         f"{t.dead_letters} dead letters; {t.duplicates} duplicates, {t.missing} missing, {t.extra} extra; "
         f"{t.attempts} attempts in {t.runs} DAG runs")
+    if t.schedules:
+        terminalreporter.write_line("chaos: randomized schedules per target: "
+                                    + ", ".join(f"{k} {v}" for k, v in sorted(t.targets.items())))
+    terminalreporter.write_line(f"chaos: {sum(t.faults.values())} faults fired: "
+                                + (", ".join(f"{k} {v}" for k, v in sorted(t.faults.items())) or "none"))
     for nodeid in t.failed:
         terminalreporter.write_line(f"chaos: VIOLATION in {nodeid}")
 
@@ -199,3 +210,23 @@ def run_concurrently(cases: dict, fn, parallel: int) -> dict:
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         list(pool.map(one, cases))
     return results
+
+
+class Batches:
+    """Cases run ``size`` at a time, ``parallel`` at once, when the first case
+    of a batch is asked for: each case's test item waits for its batch only,
+    so any number of cases runs to the end (no fixture holds them all) while
+    they still share the machine's idle time. ``keys`` in the order the tests
+    run (selected_params)."""
+
+    def __init__(self, keys: list, fn, *, size: int, parallel: int):
+        self.keys, self.fn, self.parallel = keys, fn, parallel
+        self.batch_of = {key: n // max(1, size) for n, key in enumerate(keys)}
+        self.results: dict = {}
+
+    def result(self, key):
+        """The case's result (its exception, if it failed), running its batch if not run yet."""
+        if key not in self.results:
+            batch = [k for k in self.keys if self.batch_of[k] == self.batch_of[key] and k not in self.results]
+            self.results.update(run_concurrently({k: k for k in batch}, self.fn, self.parallel))
+        return self.results.pop(key)

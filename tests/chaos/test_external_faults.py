@@ -28,7 +28,7 @@ from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
 from airflow_eos.core.windows import WindowPlan, to_millis
 from airflow_eos.embedded import EmbeddedBroker, PostgresServer
 from harness import chaos
-from harness.chaos import HOUR, T0, Harness, Zombie, check, plan_step, stage_attempt
+from harness.chaos import HOUR, T0, Harness, Zombie, check, plan_step, stage_attempt, staged_and_prepared
 
 WINDOWS = (0, 1)
 
@@ -94,14 +94,6 @@ class Background(threading.Thread):
         self.join(timeout)
         assert not self.is_alive(), "background call did not finish"
         return self.result, self.error
-
-
-def staged_and_prepared(p, i):
-    plan = WindowPlan.from_dict(plan_step(p, p.window(i)))
-    attempt = p.target.begin(plan.window)
-    stage_attempt(p, plan, attempt)
-    assert p.target.prepare(attempt).prepared
-    return attempt
 
 
 def finish(h, windows=WINDOWS, **kwargs):

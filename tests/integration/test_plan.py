@@ -373,19 +373,39 @@ def test_expired_offsets_on_real_kafka(ledger, kafka_config, topics):
         plan(ledger, kafka_config, "old", T0 + HOUR, T0 + 2 * HOUR, [topic])
 
 
+def recreate(topics, topic):
+    """Delete the topic and create it again, empty (one partition)."""
+    from confluent_kafka.admin import NewTopic
+
+    for f in topics.admin.delete_topics([topic]).values():
+        f.result(15)
+    for f in topics.admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        f.result(15)
+
+
 def test_recreated_topic_is_reported_as_truncated(ledger, kafka_config, topics, kafka):
     topic = topics.create(partitions=1)
     topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(180)])
     plan(ledger, kafka_config, "gone", T0 + HOUR, T0 + 2 * HOUR, [topic])
-    for f in topics.admin.delete_topics([topic]).values():
-        f.result(15)
-    from confluent_kafka.admin import NewTopic
-
-    for f in topics.admin.create_topics([NewTopic(topic, 1, 1)]).values():
-        f.result(15)
+    recreate(topics, topic)
     topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(30)])
     with pytest.raises(LogTruncated, match=r"planned up to offset 120, but the log ends at 30"):
         plan(ledger, kafka_config, "gone", T0 + HOUR, T0 + 2 * HOUR, [topic])
+
+
+def test_a_window_planned_after_the_topic_lost_its_records_is_truncated_not_empty(ledger, kafka_config, topics):
+    """Regression (chaos: the broker restarted empty): the next window, never
+    planned, would freeze an empty range at the previous window's cut and
+    commit nothing, though the records it should hold are gone. It must fail
+    loudly, and freeze nothing."""
+    topic = topics.create(partitions=1)
+    topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(180)])
+    plan(ledger, kafka_config, "emptied", T0 + HOUR, T0 + 2 * HOUR, [topic])
+    recreate(topics, topic)
+    with pytest.raises(LogTruncated, match=r"planned up to offset 120, but the log ends at 0"):
+        plan(ledger, kafka_config, "emptied", T0 + 2 * HOUR, T0 + 3 * HOUR, [topic])
+    with ledger.connect() as conn:
+        assert ledger.load_plan(conn, Window("emptied", T0 + 2 * HOUR, T0 + 3 * HOUR)) is None
 
 
 def test_changed_boundaries_or_topics_conflict_with_frozen_windows(ledger, kafka_config, topics):

@@ -1,0 +1,257 @@
+"""A pipeline under test and its steps: each is the function an Airflow task of
+``exactly_once_window`` calls (airflow_eos.steps), with the Spark job replaced by
+its Python stand-in (:func:`python_job`); the fault points each step and target reaches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from airflow_eos import steps
+from airflow_eos.core import attempt as attempts
+from airflow_eos.core.attempt import Attempt, ConsumedRange
+from airflow_eos.core.errors import InvalidCheckpoint
+from airflow_eos.core.faults import POINTS
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.plan import PlanRequest
+from airflow_eos.core.sink import Sink
+from airflow_eos.core.source import KafkaLog
+from airflow_eos.core.target import TargetSpec
+from airflow_eos.core.windows import TopicPartition, Window, WindowPlan
+from airflow_eos.targets.files import FileTarget
+from airflow_eos.targets.kafka import KafkaTarget
+from airflow_eos.targets.postgres.target import PostgresTarget
+from harness.chaos.source import HOUR, T0, transform_batch
+
+log = logging.getLogger(__name__)
+
+STEPS = ("plan", "stage", "await_checkpoint", "commit")
+TEARDOWN = "abort"
+# Where each fault point can fire: the steps whose process must carry it.
+POINT_STEPS: dict[str, tuple[str, ...]] = {
+    "plan.after_freeze": ("plan",),
+    "stage.mid_write": ("stage",),
+    "stage.before_checkpoint": ("stage",),
+    "checkpoint.before_prepare": ("await_checkpoint",),
+    "commit.before_publish": ("commit",),
+    "commit.after_publish": ("commit",),
+    "commit.after_commit": ("commit",),
+    "commit.after_decision": ("commit",),
+    "commit.after_rename": ("commit",),
+    "commit.mid_produce": ("commit",),
+    "commit.after_kafka_commit": ("commit",),
+    "abort.inside": ("stage", "abort"),  # the stage job's own abort after a failure, and the teardown
+}
+assert set(POINT_STEPS) == POINTS, "a fault point was added: say where it fires"
+# The targets the driver builds, and the fault points each one's code reaches
+# (the points of a two-phase commit without transactions are the file
+# target's; a commit inside one transaction is PostgreSQL's; the Kafka target
+# runs a Kafka transaction inside its ledger transaction: it has PostgreSQL's
+# points and two of its own).
+TARGETS = ("postgres", "files", "kafka")
+_FILE_POINTS = frozenset({"commit.after_decision", "commit.after_rename"})
+_KAFKA_POINTS = frozenset({"commit.mid_produce", "commit.after_kafka_commit"})
+TARGET_POINTS: dict[str, frozenset[str]] = {
+    "postgres": POINTS - _FILE_POINTS - _KAFKA_POINTS,
+    "files": POINTS - {"commit.after_publish"} - _KAFKA_POINTS,
+    "kafka": POINTS - _FILE_POINTS,
+}
+# What clearing a committed window can do on each target: a topic is
+# append-only, so the Kafka target only skips (it refuses "replace").
+ON_COMMITTED: dict[str, tuple[str, ...]] = {"postgres": ("skip", "replace"), "files": ("skip", "replace"),
+                                           "kafka": ("skip",)}
+assert set().union(*TARGET_POINTS.values()) == POINTS, "a fault point was added: say which targets reach it"
+ACTIONS = ("raise", "crash")
+RECOVERIES = ("retry", "clear", "rerun_later", "backfill")
+# The embedded broker (Tansu), unless EOS_KAFKA_BOOTSTRAP names a real Kafka.
+# When an init_transactions fences a dead producer's open transaction while
+# another transactional id has a transaction open on the same partition, it
+# leaves that partition's last stable offset stuck after both end (probed:
+# A and B open, A's process dies, A's successor initializes and commits, B
+# commits: read_committed readers end at A's successor's first record for
+# good). A real Kafka does not. The Kafka target's schedules therefore run
+# one window at a time there (see Schedule.draw).
+EMBEDDED_BROKER = not os.environ.get("EOS_KAFKA_BOOTSTRAP")
+
+
+
+# --------------------------------------------------------------------------- a pipeline
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Everything a step needs; plain data, so a child process gets it pickled.
+
+    The target is a PostgreSQL table (``target_kind="postgres"``: ``table`` in
+    the ledger's database, in ``mode``) or a directory of Parquet partitions
+    (``"files"``: ``root``, with the ledger at ``url``) or a Kafka topic
+    (``"kafka"``: ``target_topic`` on the source's cluster, its staging and
+    ledger at ``url``). The steps, the stage
+    job's stand-in and the checks see only its Sink (:attr:`target`)."""
+
+    name: str
+    url: str
+    table: str
+    kafka_config: Mapping[str, Any]
+    topics: tuple[str, ...]
+    on_committed: str = "skip"
+    mode: str = "replace_window"  # the PostgreSQL target's
+    mirror_group: str | None = None
+    max_records_per_task: int = 40  # lower it for several read/write tasks (chunks) per partition
+    batch_rows: int = 8  # stage.mid_write fires after a batch is written, before its task's chunk is committed
+    target_kind: str = "postgres"  # one of TARGETS
+    root: str | None = None  # the file target's root directory
+    target_topic: str | None = None  # the Kafka target's topic (on the source's cluster)
+
+    @property
+    def spec(self) -> TargetSpec:
+        """The bound target spec, as a DAG's target after its hook resolved the connections."""
+        if self.target_kind == "files":
+            return FileTarget(path=self.root or "", ledger_url=self.url, on_committed=self.on_committed)
+        if self.target_kind == "kafka":
+            # A record per order: the order's id as key, its amount as value.
+            return KafkaTarget(topic=self.target_topic or "", key_column="id", value_column="amount",
+                               kafka_config=dict(self.kafka_config), ledger_url=self.url,
+                               on_committed=self.on_committed)
+        return PostgresTarget(self.url, self.table, mode=self.mode, on_committed=self.on_committed)
+
+    @property
+    def claimed_target(self) -> str | None:
+        """The target id the plan claims the pipeline for: the Kafka target's
+        (its sink sweeps only the pipelines claimed for it); None for the
+        others, planned as before claims named targets (their sinks sweep
+        unclaimed pipelines they can tell are theirs)."""
+        return self.spec.target_id if self.target_kind == "kafka" else None
+
+    @property
+    def target(self) -> Sink:
+        """The target's runtime Sink (what the steps are given)."""
+        return self.spec.sink()
+
+    @property
+    def ledger(self) -> Ledger:
+        return Ledger(self.url)
+
+    def window(self, i: int) -> Window:
+        return Window(self.name, T0 + i * HOUR, T0 + (i + 1) * HOUR)
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def plan_step(p: Pipeline, window: Window) -> dict:
+    """EosPlanWindowOperator: steps.plan (the window is closed in these tests)."""
+    with KafkaLog(dict(p.kafka_config)) as kafka_log:
+        plan = steps.plan(p.ledger, kafka_log, PlanRequest(window, p.topics, timedelta(minutes=5),
+                                                           target_id=p.claimed_target))
+    if plan is None:
+        raise NotReady(f"window {window} is not closed")
+    return plan.to_dict()
+
+
+def stage_attempt(p: Pipeline, plan: WindowPlan, attempt: Attempt, *,
+                  between_batches: Callable[[int], None] | None = None) -> attempts.Checkpoint:
+    """The stage job without Spark (its Python stand-in): the job's reader, the
+    target's writer, the job commit. ``between_batches(n)`` is called before the
+    n-th batch (n >= 1) of the whole job is handed to a writer (for tests that
+    break things mid-stage)."""
+    from airflow_eos.spark.kafka_source import ReadStats, plan_tasks, read_range
+
+    target = p.target
+    writer = target.writer(attempt)
+    consumed: list[ConsumedRange] = []
+    chunks = []
+    seen = 0
+    for task in plan_tasks(plan, p.max_records_per_task):
+        stats = ReadStats()
+        dead: list[dict] = []
+
+        def rows(task=task, stats=stats, dead=dead):
+            nonlocal seen
+            for raw in read_range(p.kafka_config, task, batch_rows=p.batch_rows, end_grace_s=0.5,
+                                  poll_timeout_s=20, stats=stats):
+                if seen and between_batches is not None:
+                    between_batches(seen)
+                seen += 1
+                good, bad = transform_batch(raw)
+                dead.extend(bad)
+                yield good
+
+        chunks.append(writer.write(rows(), dead_letters=dead))
+        consumed.append(ConsumedRange(task.topic, task.partition, task.start_offset, task.end_offset,
+                                      stats.records))
+    # The job commit's check (stage.commit_stage), then the checkpoint.
+    problems = attempts.coverage_problems(plan.ranges, attempts.make_checkpoint(consumed, chunks).ranges)
+    if problems:
+        raise InvalidCheckpoint(f"{attempt}: the job did not read its plan completely: {problems}")
+    return target.checkpoint(attempt, consumed, chunks)
+
+
+def python_job(p: Pipeline, plan: WindowPlan) -> Callable[[Attempt], dict]:
+    """The stage job's Python stand-in, as steps.stage runs a job."""
+    def job(attempt: Attempt) -> dict:
+        checkpoint = stage_attempt(p, plan, attempt)
+        return {"rows_staged": checkpoint.row_count, "dead_letters": checkpoint.dead_letter_count}
+    return job
+
+
+def stage_step(p: Pipeline, plan_dict: dict) -> dict:
+    """EosSparkStageOperator: steps.stage with the job's Python stand-in (the
+    step opens a new attempt; the job's failure aborts it; a crash leaves it open)."""
+    plan = WindowPlan.from_dict(plan_dict)
+    return steps.stage(p.target, plan, python_job(p, plan)).to_dict()
+
+
+class NotReady(Exception):
+    """The sensor would keep poking: the checkpoint is not written (or the plan
+    task would: the window is not closed)."""
+
+
+def await_step(p: Pipeline, attempt_dict: dict) -> str:
+    """EosCheckpointSensor: steps.prepare. The stage step ran to its end
+    synchronously, so a checkpoint that is not written will never be: fail."""
+    readiness = steps.prepare(p.target, Attempt.from_dict(attempt_dict))
+    if not readiness.prepared:
+        raise NotReady(readiness.detail)
+    return readiness.detail
+
+
+def commit_step(p: Pipeline, attempt_dict: dict) -> dict:
+    """EosCommitOperator: steps.commit (commit, mirror offsets, the summary that
+    becomes the Asset event's extra)."""
+    mirror = steps.OffsetMirror(dict(p.kafka_config), p.mirror_group) if p.mirror_group else None
+    return steps.commit(p.target, Attempt.from_dict(attempt_dict), mirror=mirror).to_dict()
+
+
+def abort_step(p: Pipeline, window: Window, reason: str = "aborted by the teardown") -> list[int]:
+    """EosAbortOperator: steps.abort."""
+    return steps.abort(p.target, window, reason)
+
+
+def staged_and_prepared(p: Pipeline, i: int) -> Attempt:
+    """Window ``i`` planned, staged by a new attempt and prepared (not committed)."""
+    plan = WindowPlan.from_dict(plan_step(p, p.window(i)))
+    attempt = p.target.begin(plan.window)
+    stage_attempt(p, plan, attempt)
+    assert p.target.prepare(attempt).prepared
+    return attempt
+
+
+def mirrored_offsets(kafka_config: Mapping[str, Any], group_id: str,
+                     tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = Consumer({**kafka_config, "group.id": group_id, "enable.auto.commit": False})
+    try:
+        got = consumer.committed([KafkaTopicPartition(tp.topic, tp.partition) for tp in tps], timeout=15)
+    finally:
+        consumer.close()
+    return {TopicPartition(k.topic, k.partition): k.offset for k in got if k.offset >= 0}
+
+

@@ -1,0 +1,209 @@
+"""The chaos suite's source data and its transform: the orders in the shared topic, the
+target table's DDL, the Python transform and its Spark twin, and a plain reader of
+the source's records (what the stage job is checked against).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+
+from airflow_eos.core.windows import to_millis
+from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
+
+T0 = datetime(2025, 1, 6, tzinfo=timezone.utc)
+HOUR = timedelta(hours=1)
+
+
+# --------------------------------------------------------------------------- the source data
+
+
+def record_value(n: int) -> bytes:
+    """Order ``n`` of the chaos topic; every 13th is malformed (a dead letter)."""
+    if n % 13 == 5:
+        return b"{malformed order %d" % n
+    return json.dumps({"n": n, "amount": f"{n % 997}.{n % 100:02d}"}).encode()
+
+
+def source_records(hours: int, per_hour: int, partitions: int, *, start: datetime = T0) -> list[tuple[int, int, bytes]]:
+    """(partition, timestamp_ms, value) of ``hours`` hours of orders, then one
+    record per partition after the last hour, so that every window closes.
+    Deterministic: producing it again into an empty topic gives the same log."""
+    out = []
+    n = 0
+    for h in range(hours):
+        for i in range(per_hour):
+            for p in range(partitions):
+                ts = to_millis(start + h * HOUR) + (i * 3_600_000) // per_hour + p * 7
+                out.append((p, ts, record_value(n)))
+                n += 1
+    for p in range(partitions):
+        out.append((p, to_millis(start + hours * HOUR) + 1_000 + p, record_value(n)))
+        n += 1
+    return out
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, int, bytes]]) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    for partition, ts, value in records:
+        while True:
+            try:
+                producer.produce(topic, value=value, partition=partition, timestamp=ts)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    left = producer.flush(30)
+    if left:
+        raise RuntimeError(f"{left} records not delivered to {topic}")
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        f.result(15)
+
+
+TARGET_DDL = """
+CREATE SCHEMA IF NOT EXISTS chaos;
+CREATE TABLE {table} (
+    id               bigint        NOT NULL,
+    amount           numeric(12,2) NOT NULL,
+    eos_topic        text          NOT NULL,
+    eos_partition    integer       NOT NULL,
+    eos_offset       bigint        NOT NULL,
+    eos_pipeline     text          NOT NULL,
+    eos_window_start timestamptz   NOT NULL
+){partitioned}
+"""
+# No unique index on lineage, on purpose: a duplicate must reach the table,
+# where verify finds it, rather than be refused by the database.
+
+
+def create_target_table(url: str, table: str, mode: str = "replace_window") -> None:
+    partitioned = " PARTITION BY RANGE (eos_window_start)" if mode == PARTITION_PER_WINDOW else ""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(4242)")  # CREATE SCHEMA IF NOT EXISTS races
+        try:
+            conn.execute(TARGET_DDL.format(table=table, partitioned=partitioned))
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(4242)")
+
+
+# --------------------------------------------------------------------------- the transform
+
+
+_OUT_SCHEMA = pa.schema([
+    ("id", pa.int64()), ("amount", pa.decimal128(12, 2)), ("eos_topic", pa.string()),
+    ("eos_partition", pa.int32()), ("eos_offset", pa.int64()),
+])
+
+
+def transform_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[dict]]:
+    """Records (Kafka schema) -> (rows, dead letters): the Python twin of
+    :func:`spark_transform`, deterministic, so a replace rerun reproduces the rows."""
+    rows: dict[str, list] = {name: [] for name in _OUT_SCHEMA.names}
+    dead = []
+    cols = {name: batch.column(name).to_pylist() for name in ("key", "value", "topic", "partition", "offset")}
+    for key, value, topic, partition, offset in zip(*cols.values()):
+        try:
+            order = json.loads(value)
+            n, amount = int(order["n"]), Decimal(order["amount"])
+        except (ValueError, TypeError, KeyError) as exc:
+            dead.append({"topic": topic, "partition": partition, "offset": offset,
+                         "error": f"malformed order: {type(exc).__name__}", "key": key, "value": value})
+            continue
+        rows["id"].append(n)
+        rows["amount"].append(amount)
+        rows["eos_topic"].append(topic)
+        rows["eos_partition"].append(partition)
+        rows["eos_offset"].append(offset)
+    return pa.record_batch([pa.array(rows[f.name], f.type) for f in _OUT_SCHEMA], schema=_OUT_SCHEMA), dead
+
+
+def spark_transform(df):
+    """The same rows in Spark (for run_stage and spark-submit): ``--transform
+    harness.chaos:spark_transform``."""
+    from pyspark.sql import functions as F
+
+    order = F.from_json(F.col("value").cast("string"), "n bigint, amount string")
+    rows = df.select(order.alias("o"), "topic", "partition", "offset", "key", "value")
+    amount = F.col("o.amount").try_cast("decimal(12,2)")
+    return rows.select(
+        F.col("o.n").alias("id"), amount.alias("amount"),
+        F.col("topic").alias("eos_topic"), F.col("partition").alias("eos_partition"),
+        F.col("offset").alias("eos_offset"),
+        F.when(F.col("o").isNull() | F.col("o.n").isNull() | amount.isNull(),
+               F.lit("malformed order")).alias("eos_error"),
+        "key", "value",
+    )
+
+
+
+def kafka_records(kafka_config: Mapping[str, Any], topic: str, partition: int, start: int,
+                  end: int) -> dict[int, bytes]:
+    """offset -> value of the records in ``[start, end)``, read with a plain
+    consumer (not the stage job's reader: this is what the job is checked against)."""
+    return dict(_kafka_range(tuple(sorted((k, str(v)) for k, v in kafka_config.items())), topic, partition,
+                             start, end))
+
+
+_kafka_cache: dict[tuple, tuple[tuple[int, bytes], ...]] = {}
+_kafka_cache_lock = threading.Lock()
+
+
+def _kafka_range(config: tuple, topic: str, partition: int, start: int, end: int) -> tuple[tuple[int, bytes], ...]:
+    # The chaos topic never changes once produced: a range read once is the same range forever.
+    key = (config, topic, partition, start, end)
+    with _kafka_cache_lock:
+        if key in _kafka_cache:
+            return _kafka_cache[key]
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    out: list[tuple[int, bytes]] = []
+    if end > start:
+        consumer = Consumer({**dict(config), "group.id": "eos-chaos-check", "enable.auto.commit": False,
+                             "enable.partition.eof": True})
+        try:
+            consumer.assign([KafkaTopicPartition(topic, partition, start)])
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                msg = consumer.poll(1.0)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().code() == -191:  # _PARTITION_EOF
+                        break
+                    raise RuntimeError(f"reading {topic}/{partition}: {msg.error()}")
+                if msg.offset() >= end:
+                    break
+                out.append((msg.offset(), msg.value()))
+                if msg.offset() == end - 1:
+                    break
+            else:
+                raise RuntimeError(f"reading {topic}/{partition} [{start}, {end}) took more than 30 s")
+        finally:
+            consumer.close()
+    with _kafka_cache_lock:
+        _kafka_cache[key] = tuple(out)
+    return tuple(out)
+
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
