@@ -78,6 +78,7 @@ from harness.chaos.schedules import Schedule, run_schedule
 from harness.chaos.source import (
     HOUR,
     T0,
+    TARGET_DDL,
     create_target_table,
     create_topic,
     kafka_records,
@@ -92,7 +93,7 @@ from harness.chaos.targets import LEFTOVERS, READERS
 
 __all__ = [
     "ACTIONS", "LEFTOVERS", "ON_COMMITTED", "POINT_STEPS", "READERS", "RECOVERIES", "STEPS", "T0", "TARGETS",
-    "TARGET_POINTS", "HOUR",
+    "TARGET_DDL", "TARGET_POINTS", "HOUR",
     "Harness", "Pipeline", "RunOutcome", "Schedule", "SparkStager", "StepFailed", "Verdict", "Zombie",
     "EMBEDDED_BROKER", "NotReady", "attempt_states", "published_lineage", "kafka_records", "mirrored_offsets",
     "python_job", "slug",
