@@ -100,6 +100,7 @@ def test_a_window_reports_its_lineage_and_announces_only_a_change(
     run = run_window(dag, window_date(0), run_after(0))
     assert run.state == "success", states(run)
     audit(pg_url, kafka_config)
+    attempt = run.get_task_instance("window.stage").xcom_pull(task_ids="window.stage")  # before a Clear replaces it
 
     # OpenLineage: the topic in, the table out, as the Kafka and Postgres providers name them.
     kafka_in = {"namespace": f"kafka://{kafka.address}", "name": "orders"}
@@ -134,7 +135,6 @@ def test_a_window_reports_its_lineage_and_announces_only_a_change(
     rerun = run_window(dag, window_date(0), run_after(0))
     assert rerun.state == "success" and states(rerun)["window.commit"] == "skipped", states(rerun)
     # The commit task run again on the committed attempt (a Clear of the commit task alone): a no-op, no event.
-    attempt = {k: v for k, v in run.get_task_instance("window.stage").xcom_pull(task_ids="window.stage").items()}
     with DAG("orders_commit_again", schedule=None, start_date=T0) as again:
         EosCommitOperator(task_id="commit", target=target, attempt=attempt,
                           outlets=[target_alias("orders_hourly", target)])
