@@ -167,13 +167,17 @@ class Committed:
     replaced_rows: int = 0
     seconds: float = 0.0  # the target's commit (its transaction), not the task
     mirrored_to: str | None = None
+    # This step was the first to finish for the window's committed epoch: the target changed and
+    # Airflow was not told yet, so the commit task emits the target's Asset event. False for a no-op
+    # whose change was announced before (a retried or rerun commit): no event, nothing downstream reruns.
+    announce: bool = False
 
     @classmethod
-    def of(cls, result: CommitResult, mirrored_to: str | None = None) -> "Committed":
+    def of(cls, result: CommitResult, mirrored_to: str | None = None, *, announce: bool = False) -> "Committed":
         a = result.attempt
         return cls(a.pipeline, a.window_start.isoformat(), a.window_end.isoformat(), a.epoch,
                    CommitOutcome(result.outcome).value, result.committed_epoch, result.published_rows,
-                   result.dead_letter_rows, result.replaced_rows, round(result.seconds, 3), mirrored_to)
+                   result.dead_letter_rows, result.replaced_rows, round(result.seconds, 3), mirrored_to, announce)
 
     @classmethod
     def nothing_staged(cls, window: Window, record: WindowRecord) -> "Committed":
@@ -206,7 +210,10 @@ def commit(sink: Sink, attempt: Attempt, *, mirror: OffsetMirror | None = None) 
     the commit: the ledger stays the source of truth, a lost mirror is redone
     by the next commit). Last, mark the commit announced: its task's Asset
     event follows as the task ends, and a rerun of the window may now be
-    skipped without staging (see :func:`stage`)."""
+    skipped without staging (see :func:`stage`). ``Committed.announce`` says
+    whether this step announced it: a window published or replaced now, or
+    one an earlier step committed and died before announcing; never a no-op
+    whose change was announced already."""
     result = sink.commit(attempt)
     log.info("%s", result)
     fault_point("commit.after_commit")
@@ -216,8 +223,8 @@ def commit(sink: Sink, attempt: Attempt, *, mirror: OffsetMirror | None = None) 
         mirrored_to = mirror.group_id
         log.info("offsets mirrored to consumer group %r", mirror.group_id)
     with sink.ledger.connect() as conn, conn.transaction():
-        sink.ledger.mark_announced(conn, attempt.window, result.committed_epoch)
-    return Committed.of(result, mirrored_to)
+        announce = sink.ledger.mark_announced(conn, attempt.window, result.committed_epoch)
+    return Committed.of(result, mirrored_to, announce=announce)
 
 
 # --------------------------------------------------------------------------- 5. abort

@@ -17,7 +17,7 @@ import re
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import Asset, TaskGroup
+from airflow.sdk import AssetAlias, TaskGroup
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
 from airflow_eos.core.source import KafkaSource
@@ -31,9 +31,14 @@ from airflow_eos.operators.eos import (
 from airflow_eos.sensors.eos import EosCheckpointSensor
 
 
-def target_asset(pipeline: str, target: TargetSpec) -> Asset:
-    """The Asset a window's commit updates: the target, as fed by this pipeline."""
-    return Asset(name=f"eos:{pipeline}:{target.label}", uri=f"{target.asset_uri}?pipeline={pipeline}")
+def target_alias(pipeline: str, target: TargetSpec) -> AssetAlias:
+    """The commit task's outlet: an alias through which it emits the target's Asset
+    event (``target.asset_uri``, e.g. ``postgres://host:5432/db/schema/table``, known
+    once the connection is read) only when the window changed the target, with the
+    commit's summary as the event's extra. A declared Asset outlet would emit an event
+    for every successful commit task, no-ops included. Schedule a downstream DAG on
+    this alias, or on the target's Asset by its URI."""
+    return AssetAlias(name=f"eos:{pipeline}:{target.label}")
 
 
 def exactly_once_window(
@@ -106,7 +111,7 @@ def exactly_once_window(
         )
         commit = EosCommitOperator(
             task_id="commit", target=target, attempt=stage.output, mirror_group_id=mirror_group_id,
-            kafka_conn_id=source.kafka_conn_id, outlets=[target_asset(pipeline, target)],
+            kafka_conn_id=source.kafka_conn_id, outlets=[target_alias(pipeline, target)],
         )
         abort = EosAbortOperator(task_id="abort", pipeline=pipeline, target=target)
         plan >> stage >> await_checkpoint >> commit >> abort.as_teardown(setups=plan)

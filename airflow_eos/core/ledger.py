@@ -202,10 +202,13 @@ class Ledger:
         rows = conn.execute(self._WINDOW_RECORD + " ORDER BY window_start", (pipeline,)).fetchall()
         return [WindowRecord(start, end, WindowState(state), *rest) for start, end, state, *rest in rows]
 
-    def mark_announced(self, conn: psycopg.Connection, window: Window, epoch: int) -> None:
-        """The commit step of the window's committed ``epoch`` ran to its end."""
-        conn.execute("UPDATE eos.windows SET announced_epoch = %s WHERE pipeline = %s AND window_start = %s"
-                     " AND committed_epoch = %s", (epoch, window.pipeline, window.start, epoch))
+    def mark_announced(self, conn: psycopg.Connection, window: Window, epoch: int) -> bool:
+        """The commit step of the window's committed ``epoch`` ran to its end.
+        True if this call announced it (no commit step of that epoch had)."""
+        cur = conn.execute("UPDATE eos.windows SET announced_epoch = %s WHERE pipeline = %s AND window_start = %s"
+                           " AND committed_epoch = %s AND announced_epoch IS DISTINCT FROM %s",
+                           (epoch, window.pipeline, window.start, epoch, epoch))
+        return cur.rowcount == 1
 
     def window(self, conn: psycopg.Connection, window: Window) -> WindowRecord | None:
         """The window's row, or None if it was never planned."""

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import quote
 
 from airflow_eos.core.errors import ConfigurationError
 
@@ -105,7 +106,11 @@ class TargetSpec(ABC):
     @property
     @abstractmethod
     def asset_uri(self) -> str:
-        """The URI of the Airflow Asset a commit of this target updates (no secret)."""
+        """The URI of the Airflow Asset a commit of this target updates, in the
+        form the provider of its scheme registers (``postgres://host:port/db/schema/table``,
+        ``file:///root``, ``kafka://broker/topic``) so that it is the asset other
+        tools name for the same data; no secret. Where the host comes from a
+        connection, only a bound spec has one (ConfigurationError otherwise)."""
 
     @property
     @abstractmethod
@@ -119,6 +124,16 @@ class TargetSpec(ABC):
     def check_for_dag(self) -> None:
         """Refuse what must not appear in a DAG file (an inline secret): a DAG
         names connections. Nothing by default."""
+
+
+def kafka_asset_uri(kafka_config: Mapping[str, Any], topic: str) -> str:
+    """``kafka://broker/topic``, the Kafka provider's asset URI of a topic: the
+    first of ``bootstrap.servers`` (without a listener name such as ``SASL_SSL://``)."""
+    servers = str(kafka_config.get("bootstrap.servers") or "")
+    first = servers.split(",")[0].strip().rpartition("://")[2]
+    if not first:
+        raise ConfigurationError(f"no bootstrap.servers to name topic {topic!r} by: resolve the Kafka connection first")
+    return f"kafka://{first}/{quote(topic, safe='')}"
 
 
 @cache

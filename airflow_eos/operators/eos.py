@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import BaseOperator, BaseSensorOperator, BaseXCom, PokeReturnValue
+from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseSensorOperator, BaseXCom, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
@@ -266,12 +266,23 @@ class EosSparkStageOperator(_TargetHooks, SparkSubmitOperator):
         job = self._on_spark_connect if self._spark_connect_url is not None else self._spark_submit
         with failing_terminally():
             staged = steps.stage(self.sink, plan, lambda attempt: job(context, plan, attempt))
+        self._staged = staged.to_dict()
         if staged.attempt is None:
             # Committed already and the target skips reruns: the checkpoint, the commit and whatever follows
             # them are skipped (no Asset event: the target did not change); the XCom says who committed it.
             context["ti"].xcom_push(key=BaseXCom.XCOM_RETURN_KEY, value=staged.to_dict())
             raise AirflowSkipException(staged.committed.describe())
         return staged.to_dict()
+
+    def get_openlineage_facets_on_start(self):
+        from airflow_eos.operators.lineage import stage_lineage
+
+        return stage_lineage(self)
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        from airflow_eos.operators.lineage import stage_lineage
+
+        return stage_lineage(self, getattr(self, "_staged", None))
 
     def _spark_submit(self, context, plan: WindowPlan, attempt: Attempt) -> dict | None:
         """The stage job by spark-submit; its report is the line it prints."""
@@ -365,6 +376,12 @@ class EosCommitOperator(_TargetHooks, BaseOperator):
     the target's ``on_committed`` says. Returns the commit's summary
     (``steps.Committed``), which is also the extra of the target's Asset event.
 
+    The Asset event (``target.asset_uri``) is emitted through each AssetAlias
+    among ``outlets`` (``window.target_alias``), and only when the target changed
+    and no commit step had announced it (``Committed.announce``): a retried or
+    rerun commit that does nothing emits none. Reports OpenLineage (see
+    ``operators/lineage.py``).
+
     :param target: the window's target spec (e.g. PostgresTarget)
     :param attempt: the stage task's attempt (its XCom; templated)
     :param mirror_group_id: if set, also commit the pipeline's offsets to this
@@ -405,9 +422,21 @@ class EosCommitOperator(_TargetHooks, BaseOperator):
                   if self.mirror_group_id else None)
         with failing_terminally():
             summary = steps.commit(self.sink, Attempt.from_dict(self.attempt), mirror=mirror).to_dict()
-        for asset in self.outlets:
-            context["outlet_events"][asset].extra = summary
+        self._summary = summary
+        if summary["announce"]:  # the target changed and Airflow was not told: one Asset event, via the alias
+            for alias in (o for o in self.outlets if isinstance(o, AssetAlias)):
+                context["outlet_events"][alias].add(Asset(self.target_hook.bound.asset_uri), extra=summary)
         return summary
+
+    def get_openlineage_facets_on_start(self):
+        from airflow_eos.operators.lineage import commit_lineage
+
+        return commit_lineage(self)
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        from airflow_eos.operators.lineage import commit_lineage
+
+        return commit_lineage(self, getattr(self, "_summary", None))
 
 
 class EosAbortOperator(_TargetHooks, BaseOperator):

@@ -32,7 +32,9 @@ class RecordingLedger:
         yield
 
     def mark_announced(self, conn, window, epoch):
+        first = ("announced", epoch) not in self.calls
         self.calls.append(("announced", epoch))
+        return first
 
 
 class RecordingSink:
@@ -93,6 +95,8 @@ def test_commit_summarises_what_the_sink_did():
     assert summary["published_rows"] == 10 and summary["dead_letter_rows"] == 2 and summary["seconds"] == 0.5
     assert summary["window_start"] == T0.isoformat() and summary["mirrored_to"] is None
     assert sink.calls == [("commit", 7), ("announced", 7)]  # announced last: the step ran to its end
+    assert summary["announce"] is True  # the first step to announce epoch 7: the commit task emits the event
+    assert steps.commit(sink, attempt).announce is False  # announced before: a retry emits none
 
 
 def test_a_rerun_of_a_committed_window_that_the_target_skips_opens_no_attempt_and_runs_no_job():

@@ -52,8 +52,17 @@ def test_every_spec_is_a_target_spec_with_identity_and_asset():
     spec = PostgresTarget(table='"My Schema".Orders', postgres_conn_id="pg")
     assert isinstance(spec, TargetSpec)
     assert spec.target_id == 'postgresql:"My Schema".orders'
-    assert spec.asset_uri == 'eos://pg/"My Schema".Orders' and spec.label == '"My Schema".Orders'
+    assert spec.label == '"My Schema".Orders'
     assert spec.ledger_conn_id == "pg"
+    with pytest.raises(ConfigurationError, match="no database URL"):
+        spec.asset_uri  # the host is the connection's: known once it is resolved
+
+
+def test_the_asset_uri_is_the_postgres_providers_and_holds_no_secret():
+    bound = PostgresTarget(table='"My Schema".Orders').with_url("postgresql://eos:s3cret@db.example:6543/shop")
+    assert bound.asset_uri == "postgres://db.example:6543/shop/My%20Schema/orders"
+    assert PostgresTarget(table="orders").with_url("postgresql://u:pw@h/db").asset_uri == "postgres://h:5432/db/public/orders"
+    assert PostgresTarget(table="a.b").with_url("host=h port=7 dbname=d password=pw").asset_uri == "postgres://h:7/d/a/b"
 
 
 def test_errors_say_whether_a_retry_can_help():

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
-from airflow_eos.core.target import KAFKA, POSTGRES, ConnectionRef, TargetSpec
+from airflow_eos.core.target import KAFKA, POSTGRES, ConnectionRef, TargetSpec, kafka_asset_uri
 from airflow_eos.targets.kafka.client import LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
@@ -177,7 +177,9 @@ class KafkaTarget(TargetSpec):
 
     @property
     def asset_uri(self) -> str:
-        return f"kafka://{self.kafka_conn_id}/{self.topic}"
+        if self.kafka_config is None:
+            raise ConfigurationError(f"{self.label}: its asset URI names the cluster: resolve kafka_conn_id first (bind)")
+        return kafka_asset_uri(self.kafka_config, self.topic)
 
     @property
     def label(self) -> str:

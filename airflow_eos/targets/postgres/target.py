@@ -61,6 +61,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import quote
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt, Checkpoint
@@ -210,7 +211,18 @@ class PostgresTarget(TargetSpec, Sink):
 
     @property
     def asset_uri(self) -> str:
-        return f"eos://{self.postgres_conn_id}/{self.table}"
+        """``postgres://host:port/database/schema/table`` (the Postgres provider's
+        form; schema ``public`` when the table names none), from the bound URL
+        without its user or password."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        params = conninfo_to_dict(self._url())
+        host = str(params.get("host") or "localhost").split(",")[0]
+        port = str(params.get("port") or "5432").split(",")[0]
+        database = params.get("dbname") or params.get("user") or "postgres"
+        schema, table = parse_table_name(self.table)
+        path = "/".join(quote(str(part), safe="") for part in (database, schema or "public", table))
+        return f"postgres://{quote(host, safe='')}:{port}/{path}"
 
     @property
     def label(self) -> str:

@@ -246,8 +246,9 @@ class Harness:
             self._try(i, TEARDOWN, lambda: self._step(i, "abort", abort_step, window), retries, outcome, xcom)
         if outcome.state == "success" and "commit" in xcom:
             outcome.summary = xcom["commit"]
-            with self._lock:
-                self.asset_events.setdefault(i, []).append(xcom["commit"])
+            if xcom["commit"]["announce"]:  # as the commit task: an Asset event only for an unannounced change
+                with self._lock:
+                    self.asset_events.setdefault(i, []).append(xcom["commit"])
         elif outcome.state == "success":  # a skipped commit: its summary is the stage's, and no Asset event
             outcome.summary = xcom["stage"]
         self.note(f"w{i} run {outcome.state}: " + ", ".join(f"{s} {r}" for s, r in outcome.tries))
