@@ -126,7 +126,9 @@ class AirflowClient:
     in that mode) and retries with it.
     """
 
-    def __init__(self, base_url: str, timeout: float = 30.0):
+    # generous: with one api-server worker on a 2-core machine shared with Spark jobs
+    # (load ~25 seen), an answer took over 30 s
+    def __init__(self, base_url: str, timeout: float = 120.0):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._token: str | None = None
