@@ -2,7 +2,7 @@
 # Installs everything the tests and the demo need on a fresh machine, and reuses
 # what is already there on the next run:
 #   - Debian packages: PostgreSQL server binaries, a Java runtime for Spark,
-#     headless Chromium (screenshots of the Airflow UI)
+#     headless Chromium and its WebDriver (the Airflow UI in a browser, via Selenium)
 #   - uv, then the virtualenv .venv with this package and its dev extra
 # Idempotent; a second run takes about a second.
 set -euo pipefail
@@ -20,6 +20,9 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
 # headless Chromium renders the Airflow UI in tests/e2e/test_live_stack.py
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need_apt+=(chromium)
+# ... driven by Selenium through Debian's chromedriver, built from the same sources as its chromium
+# (keep both current together: `apt-get install chromium chromium-driver`)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""

@@ -1,9 +1,11 @@
 """orders_hourly under a live Airflow stack (api-server, dag-processor,
 scheduler with the LocalExecutor): a real backfill of six hourly windows with
-three runs at a time, clears through the REST API as the UI sends them, a
-window failing mid-commit and rerun by a clear, and the grid view rendered in
-headless Chromium. Exactly-once is checked on the ledger (the windows tile
-every partition) and by lineage with the auditor.
+three runs at a time, clears through the REST API as the UI sends them, two
+windows failing mid-commit, one rerun by a clear through the REST API and one
+by the user's Clear in the real UI in a browser, the window status page (the
+package's plugin) and the grid view, both in headless Chromium driven by
+Selenium. Exactly-once is checked on the ledger (the windows tile every
+partition) and by lineage with the auditor.
 
 One stack for the module (starting it costs ~30 s); the tests run in file order
 and each builds on the state the previous ones left, as an operator would.
@@ -31,13 +33,8 @@ from airflow_eos import PostgresTarget
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.verify import verify
 from airflow_eos.core.windows import to_millis
-from harness.airflow_stack import (
-    SMALL_MACHINE_SPARK_DEFAULTS,
-    airflow_stack,
-    chromium_binary,
-    postgres_database,
-    screenshot,
-)
+from harness import browser as ui
+from harness.airflow_stack import SMALL_MACHINE_SPARK_DEFAULTS, airflow_stack, postgres_database
 
 # Correctness first: on a 2-core machine shared with other Spark work, a window's
 # spark-submit alone can take minutes, so the waits are generous.
@@ -48,12 +45,13 @@ DAG_ID = "orders_hourly"
 GROUP = "window"
 T0 = datetime(2026, 3, 2, tzinfo=UTC)  # after the DAG's start_date, long past
 HOUR = timedelta(hours=1)
-HOURS = 7  # records in 7 windows: 6 for the backfill, the 7th for the failure test
+HOURS = 8  # records in 8 windows: 6 for the backfill, the 7th and 8th fail (cleared by REST, by the UI)
 BACKFILLED = 6
 PER_HOUR = 200
 PARTITIONS = 4
 FAULT = "commit.after_publish"
-FAULT_TRIES = 2  # orders_hourly retries a task once: both tries of one commit fail
+FAILING = 2  # windows failing mid-commit
+FAULT_TRIES = 2 * FAILING  # orders_hourly retries a task once: both tries of each failing commit fail
 
 
 def produce_orders(bootstrap: str) -> dict[int, int]:
@@ -293,54 +291,220 @@ def test_clearing_a_committed_windows_group_through_the_api_skips_it(live, backf
 
 @pytest.fixture(scope="module")
 def failing_window(live, backfilled):
-    """A backfill of the seventh window with the fault armed: both tries of its
-    commit fail inside the commit transaction. Started, not awaited, so that it
-    runs while the previous test clears another window."""
+    """A backfill of the seventh and eighth windows with the fault armed: both
+    tries of each commit fail inside the commit transaction. Started, not
+    awaited, so that they run while the previous test clears another window.
+    Returns the first failing window's index."""
     h = BACKFILLED
     for n in range(FAULT_TRIES):
         (live.fault_state / f"{FAULT}.{n}").unlink()
     for backfill in live.client.backfills(DAG_ID):  # one running backfill per DAG
         live.client.wait_for_backfill(backfill["id"], timeout=60)
-    live.client.create_backfill(DAG_ID, T0 + h * HOUR, T0 + h * HOUR, max_active_runs=1)
+    live.client.create_backfill(DAG_ID, T0 + h * HOUR, T0 + (h + FAILING - 1) * HOUR, max_active_runs=FAILING)
     return h
 
 
-def test_a_window_failing_mid_commit_fails_its_run_and_a_clear_reruns_it_exactly_once(live, failing_window):
-    h = failing_window
-    run = live.client.wait_for_run(DAG_ID, live.run_of(h)["dag_run_id"], timeout=600)
-    assert run["state"] == "failed", live.explain(run["dag_run_id"])
-    tis = {ti["task_id"]: ti for ti in live.client.task_instances(DAG_ID, run["dag_run_id"])}
-    assert (tis[f"{GROUP}.commit"]["state"], tis[f"{GROUP}.commit"]["try_number"]) == ("failed", 2)
-    assert tis[f"{GROUP}.abort"]["state"] == "success"
-    assert sorted(p.name for p in live.fault_state.iterdir()) == [f"{FAULT}.{n}" for n in range(FAULT_TRIES)]
-    window = T0 + h * HOUR
-    assert live.sql("SELECT state FROM eos.windows WHERE window_start = %s", window) == [("planned",)]
-    assert live.sql("SELECT epoch, state FROM eos.attempts WHERE window_start = %s", window) == [(1, "aborted")]
-    assert live.sql("SELECT count(*) FROM analytics.orders WHERE eos_window_start = %s", window) == [(0,)]
+@pytest.fixture(scope="module")
+def failed_windows(live, failing_window):
+    """Both failing windows' runs, failed, as the user finds them: the commit
+    failed twice, abort ran, nothing of them published."""
+    runs = []
+    for h in range(failing_window, failing_window + FAILING):
+        run = live.client.wait_for_run(DAG_ID, live.run_of(h)["dag_run_id"], timeout=900)
+        assert run["state"] == "failed", live.explain(run["dag_run_id"])
+        tis = {ti["task_id"]: ti for ti in live.client.task_instances(DAG_ID, run["dag_run_id"])}
+        assert (tis[f"{GROUP}.commit"]["state"], tis[f"{GROUP}.commit"]["try_number"]) == ("failed", 2)
+        assert tis[f"{GROUP}.abort"]["state"] == "success"
+        window = T0 + h * HOUR
+        assert live.sql("SELECT state FROM eos.windows WHERE window_start = %s", window) == [("planned",)]
+        assert live.sql("SELECT epoch, state FROM eos.attempts WHERE window_start = %s", window) == [(1, "aborted")]
+        assert live.sql("SELECT count(*) FROM analytics.orders WHERE eos_window_start = %s", window) == [(0,)]
+        runs.append(run)
+    assert sorted(p.name for p in live.fault_state.iterdir()) == sorted(f"{FAULT}.{n}" for n in range(FAULT_TRIES))
     assert live.sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'eos_staging'") == [(0,)]
-    live.audit()  # the failed window published nothing; the others are intact
+    live.audit()  # the failed windows published nothing; the others are intact
+    return runs
 
-    # the UI's Clear of the failed window's task group (the fault has fired its two times)
-    live.client.clear_task_group(DAG_ID, run["dag_run_id"], GROUP)
-    rerun = live.client.wait_for_run(DAG_ID, run["dag_run_id"], timeout=600)
-    assert rerun["state"] == "success", live.explain(run["dag_run_id"])
-    summary = live.client.xcom(DAG_ID, run["dag_run_id"], f"{GROUP}.commit")
+
+def assert_rerun_committed_once(live: Live, run_id: str, h: int) -> None:
+    """The cleared run of window h succeeded: its second attempt published it,
+    and the auditor proves every committed window against Kafka, record by record."""
+    rerun = live.client.wait_for_run(DAG_ID, run_id, timeout=900)
+    assert rerun["state"] == "success", live.explain(run_id)
+    summary = live.client.xcom(DAG_ID, run_id, f"{GROUP}.commit")
     assert (summary["outcome"], summary["epoch"], summary["committed_epoch"]) == ("published", 2, 2)
+    window = T0 + h * HOUR
     assert live.sql("SELECT epoch, state FROM eos.attempts WHERE window_start = %s ORDER BY epoch", window) == \
         [(1, "aborted"), (2, "committed")]
-
+    committed = [start for (start,) in live.sql(
+        "SELECT window_start FROM eos.windows WHERE pipeline = %s AND state = 'committed' ORDER BY 1", DAG_ID)]
+    assert window in committed
     report = live.audit()
-    produced = sum(live.per_window[h] for h in range(BACKFILLED + 1))
-    assert report.committed_windows == BACKFILLED + 1
+    produced = sum(live.per_window[(start - T0) // HOUR] for start in committed)
+    assert report.committed_windows == len(committed)
     assert report.totals.kafka_records == produced
     assert report.totals.published_rows + report.totals.dead_letters == produced
+    assert live.sql("SELECT count(*) FROM analytics.orders WHERE eos_window_start = %s", window) == \
+        live.sql("SELECT published_rows FROM eos.windows WHERE pipeline = %s AND window_start = %s", DAG_ID, window)
     for partition, rs in tiling(live).items():
         assert all(a[2] == b[1] for a, b in pairwise(rs)), (partition, rs)
+
+
+def test_a_window_failing_mid_commit_fails_its_run_and_a_clear_reruns_it_exactly_once(live, failed_windows):
+    run = failed_windows[0]
+    h = BACKFILLED
+
+    # the UI's Clear, as the REST API receives it, of the failed window's task group (the fault has fired)
+    live.client.clear_task_group(DAG_ID, run["dag_run_id"], GROUP)
+    assert_rerun_committed_once(live, run["dag_run_id"], h)
+    assert live.audit().committed_windows == BACKFILLED + 1
     offsets = dict(live.sql('SELECT partition, "offset" FROM eos.partition_offsets WHERE pipeline = %s', DAG_ID))
     assert offsets == {p: (BACKFILLED + 1) * PER_HOUR // PARTITIONS for p in range(PARTITIONS)}
 
 
-# --------------------------------------------------------------------------- the grid, in a browser
+# --------------------------------------------------------------------------- the UI, in a browser
+
+STATUS_PAGE = "/eos/"  # the package's plugin, served by the api-server
+STATUS_NAV_ROUTE = "/plugin/eos-windows"  # the same page inside the Airflow UI (its nav's Browse menu)
+HOSTILE = "<img src=x onerror=window.eosInjected=1>&amp;\"'"
+
+
+def require_browser() -> None:
+    reason = ui.missing()
+    if reason:
+        pytest.fail(reason)
+
+
+def save_doc_image(shot: Path, name: str) -> None:
+    """``EOS_SAVE_UI_PNG=1`` copies a screenshot to docs/img/ (the README's)."""
+    if os.environ.get("EOS_SAVE_UI_PNG") or (name == "grid.png" and os.environ.get("EOS_SAVE_GRID_PNG")):
+        (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, ROOT / "docs" / "img" / name)
+
+
+def get_status(url: str, token: str | None = None) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def expected_offsets(committed_windows: int) -> dict[int, tuple[int, int]]:
+    """Per partition: (committed offset, lag) once the first ``committed_windows``
+    windows are committed: each window holds PER_HOUR / PARTITIONS records of a
+    partition, and its log ends one record (the closing one) after the last window."""
+    per = PER_HOUR // PARTITIONS
+    return {p: (committed_windows * per, HOURS * per + 1 - committed_windows * per) for p in range(PARTITIONS)}
+
+
+def test_the_window_status_page_reads_the_ledger(live, failed_windows):
+    """With the seventh window rerun and the eighth failed, the page's JSON is
+    the ledger's state. (This stack makes every caller an admin,
+    ``simple_auth_manager_all_admins``; test_ui.py shows the page refusing an
+    unauthenticated request on the api-server's app with auth on.)"""
+    base = live.stack.url.rstrip("/")
+    assert get_status(base + "/eos/api/pipelines", token="not-a-jwt")[0] == 403  # a bad token is still refused
+    code, body = get_status(base + "/eos/api/pipelines", token=live.client._fetch_token())
+    assert code == 200, body
+    answer = json.loads(body)
+    [status] = [p for p in answer["pipelines"] if p["pipeline"] == DAG_ID]
+    password = psycopg.conninfo.conninfo_to_dict(live.target_url).get("password")
+    assert not password or password not in body
+    assert status["dag_id"] == DAG_ID and status["counts"] == {"committed": BACKFILLED + 1, "failed": 1}
+    windows = {datetime.fromisoformat(w["start"]): w for w in status["windows"]}
+    assert sorted(windows) == [T0 + h * HOUR for h in range(BACKFILLED + FAILING)]
+    ledger = {start: (rows, dead) for start, rows, dead in live.sql(
+        "SELECT window_start, published_rows, dead_letter_rows FROM eos.windows WHERE pipeline = %s", DAG_ID)}
+    for start, w in windows.items():
+        assert (w["published_rows"], w["dead_letter_rows"]) == ledger[start]
+    failed = windows[T0 + (BACKFILLED + 1) * HOUR]
+    assert (failed["status"], failed["attempts"], failed["epoch"], failed["committed_epoch"]) == \
+        ("failed", {"aborted": 1}, 1, None)
+    rerun = windows[T0 + BACKFILLED * HOUR]
+    assert (rerun["status"], rerun["attempts"], rerun["committed_epoch"]) == \
+        ("committed", {"committed": 1, "aborted": 1}, 2)
+    offsets = {p["partition"]: (p["committed_offset"], p["lag"]) for p in status["partitions"]}
+    assert offsets == expected_offsets(BACKFILLED + 1)
+    assert status["verify"].startswith("not recorded in the ledger")
+
+
+def test_the_window_status_page_in_the_airflow_ui(live, failed_windows, tmp_path):
+    """The page in the Airflow UI's frame, as a user opens it from the nav, in
+    headless Chromium; then a pipeline named like an HTML injection is shown as text."""
+    require_browser()
+    with ui.browser() as driver:
+        from selenium.webdriver.common.by import By
+
+        ui.open_ui(driver, live.stack.url.rstrip("/") + STATUS_NAV_ROUTE)
+        frame = ui.wait_for(driver, lambda d: d.find_elements(By.TAG_NAME, "iframe"), "the plugin's frame")[0]
+        driver.switch_to.frame(frame)
+        ui.wait_for(driver, lambda d: DAG_ID in ui.page_text(d), "the pipeline's section")
+        section = driver.find_element(By.CSS_SELECTOR, f'section[aria-label="pipeline {DAG_ID}"]')
+        assert f"{BACKFILLED + 1} committed, 1 failed" in section.text
+        rows = section.find_elements(By.CSS_SELECTOR, f'table[aria-label="windows of {DAG_ID}"] tbody tr')
+        cells = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+        assert [c[2] for c in cells] == ["failed"] + ["committed"] * (BACKFILLED + 1)  # newest first
+        assert cells[0][:6] == [f"{T0 + (BACKFILLED + 1) * HOUR:%Y-%m-%d %H:%M}",
+                                f"{T0 + (BACKFILLED + 2) * HOUR:%Y-%m-%d %H:%M}", "failed", "1", "–", "1 aborted"]
+        assert cells[1][2:6] == ["committed", "2", "2", "1 committed, 1 aborted"]
+        offsets = section.find_elements(By.CSS_SELECTOR, f'table[aria-label="offsets of {DAG_ID}"] tbody tr')
+        shown = {int(c[1]): (int(c[2]), int(c[4])) for c in
+                 ([td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in offsets)}
+        assert shown == expected_offsets(BACKFILLED + 1)
+        driver.switch_to.default_content()
+        shot = ui.save_screenshot(driver, tmp_path / "windows.png")
+        width, height, colours = png_size_and_colours(shot)
+        assert (width, height) == (1600, 1000) and colours > 20, (width, height, colours)
+        save_doc_image(shot, "windows.png")
+
+        # user input in a pipeline name is shown, never run
+        ledger = Ledger(live.target_url)
+        with ledger.connect() as conn, conn.transaction():
+            ledger.lock_pipeline(conn, HOSTILE)
+        try:
+            ui.open_ui(driver, live.stack.url.rstrip("/") + STATUS_PAGE, ready_text=(HOSTILE,))
+            assert driver.find_elements(By.CSS_SELECTOR, "img") == []
+            assert driver.execute_script("return window.eosInjected") is None
+        finally:
+            live.sql("DELETE FROM eos.pipelines WHERE pipeline = %s RETURNING 1", HOSTILE)
+
+
+def test_clear_in_the_airflow_ui_reruns_the_failed_window_exactly_once(live, failed_windows):
+    """What the user does: open the failed window's run, open its task group,
+    press Clear, confirm. Then the window commits once and verify is clean."""
+    require_browser()
+    h = BACKFILLED + 1
+    run_id = failed_windows[1]["dag_run_id"]
+    assert live.client.dag_run(DAG_ID, run_id)["state"] == "failed"
+    base = live.stack.url.rstrip("/")
+    with ui.browser() as driver:
+        from selenium.webdriver.common.by import By
+
+        run_page = f"{base}/dags/{DAG_ID}/runs/{run_id}"  # as the UI links it
+        ui.open_ui(driver, run_page, ready_text=("Failed", f"{GROUP}.commit"))
+        ui.open_ui(driver, f"{run_page}/tasks/group/{GROUP}", ready_text=(f"{GROUP}.await_checkpoint",))
+        clear = ui.wait_for(driver, lambda d: [b for b in d.find_elements(
+            By.CSS_SELECTOR, 'button[aria-label="Press shift+c to clear"]') if b.is_displayed()],
+            "the task group's Clear button")
+        clear[0].click()
+        dialog = ui.wait_for(driver, lambda d: [x for x in d.find_elements(By.CSS_SELECTOR, "[role=dialog]")
+                                                 if f"Clear Task Instances: {GROUP}" in x.text
+                                                 and "Affected Tasks: 5" in x.text], "the Clear dialog")[0]
+        for task in ("plan", "stage", "await_checkpoint", "commit", "abort"):
+            assert f"{GROUP}.{task}" in dialog.text, dialog.text
+        [confirm] = [b for b in dialog.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Confirm"]
+        confirm.click()
+        ui.wait_for(driver, lambda d: live.client.dag_run(DAG_ID, run_id)["state"] != "failed",
+                    "the run leaving the failed state", timeout=60)
+    assert_rerun_committed_once(live, run_id, h)
+    assert live.audit().committed_windows == BACKFILLED + FAILING
+    offsets = dict(live.sql('SELECT partition, "offset" FROM eos.partition_offsets WHERE pipeline = %s', DAG_ID))
+    assert offsets == {p: o for p, (o, _) in expected_offsets(BACKFILLED + FAILING).items()}
 
 
 def png_size_and_colours(path: Path) -> tuple[int, int, int]:
@@ -393,23 +557,21 @@ def png_size_and_colours(path: Path) -> tuple[int, int, int]:
 
 def test_grid_view_renders_in_headless_chromium(live, backfilled, tmp_path):
     """The DAG's grid, with the window task group open, after the runs above.
-    ``EOS_SAVE_GRID_PNG=1`` also copies it to docs/img/grid.png (the README's)."""
-    if chromium_binary() is None:
-        pytest.fail("headless Chromium renders the UI here: run scripts/bootstrap.sh (make setup) to install it")
+    ``EOS_SAVE_UI_PNG=1`` (or ``EOS_SAVE_GRID_PNG=1``) also copies it to docs/img/grid.png (the README's)."""
+    require_browser()
     for backfill in live.client.backfills(DAG_ID):  # no "backfill in progress" banner
         live.client.wait_for_backfill(backfill["id"], timeout=60)
     runs = len(live.client.dag_runs(DAG_ID))
     layout = json.dumps({"details-panel,main-panel": {"expandToSizes": {}, "layout": [36, 64]}})
-    shot = screenshot(
-        f"{live.stack.url}/dags/{DAG_ID}", tmp_path / "grid.png", width=1600, height=1000,
-        local_storage={f"{DAG_ID}/open-groups": json.dumps([GROUP]),  # the UI keeps these in localStorage
-                       "react-resizable-panels:grid-ltr": layout},
-        ready_js=f"document.body.innerText.includes('await_checkpoint') && "
-                 f"document.body.innerText.includes('Last {runs} Dag Runs')")
+    with ui.browser(width=1600, height=1000) as driver:
+        ui.open_ui(driver, f"{live.stack.url.rstrip('/')}/dags/{DAG_ID}",
+                   local_storage={f"{DAG_ID}/open-groups": json.dumps([GROUP]),  # the UI keeps these there
+                                  "react-resizable-panels:grid-ltr": layout},
+                   ready_text=("await_checkpoint", f"Last {runs} Dag Runs"))
+        time.sleep(1.5)  # let the last fetched data paint
+        shot = ui.save_screenshot(driver, tmp_path / "grid.png")
     assert shot.stat().st_size > 30_000, shot.stat().st_size
     width, height, colours = png_size_and_colours(shot)
     assert (width, height) == (1600, 1000)
     assert colours > 50, f"the page looks blank ({colours} colours)"
-    if os.environ.get("EOS_SAVE_GRID_PNG"):
-        (ROOT / "docs" / "img").mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, ROOT / "docs" / "img" / "grid.png")
+    save_doc_image(shot, "grid.png")

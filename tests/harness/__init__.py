@@ -1,6 +1,6 @@
 """What the tests drive the product with, kept out of the installed package:
-the chaos driver (``chaos``), a live Airflow stack with its screenshot client
-(``airflow_stack``), the password-leak check (``leaks``) and a real full disk
+the chaos driver (``chaos``), a live Airflow stack and its REST client
+(``airflow_stack``), the Airflow UI in headless Chromium through Selenium (``browser``), the password-leak check (``leaks``) and a real full disk
 (``full_disk``).
 
 Imported as ``harness``: pytest puts ``tests/`` on ``sys.path`` (``pythonpath``

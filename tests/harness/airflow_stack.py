@@ -126,7 +126,9 @@ class AirflowClient:
     in that mode) and retries with it.
     """
 
-    def __init__(self, base_url: str, timeout: float = 30.0):
+    # generous: with one api-server worker on a 2-core machine shared with Spark jobs
+    # (load ~25 seen), an answer took over 30 s
+    def __init__(self, base_url: str, timeout: float = 120.0):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._token: str | None = None
@@ -612,127 +614,3 @@ def _descendants(roots: set[int]) -> set[tuple[int, int]]:
                 found.add((child, start))
                 todo.append(child)
     return found
-
-
-# --------------------------------------------------------------------------- the UI, in a browser
-
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                  "--hide-scrollbars", "--mute-audio")
-
-
-def chromium_binary() -> str | None:
-    import shutil
-
-    return next((path for path in map(shutil.which, CHROMIUM_NAMES) if path), None)
-
-
-def screenshot(url: str, path: str | os.PathLike, *, width: int = 1600, height: int = 1000,
-               local_storage: Mapping[str, str] | None = None, ready_js: str | None = None,
-               timeout: float = 120, settle: float = 1.5) -> Path:
-    """Render ``url`` in headless Chromium and save it as a PNG of ``width`` x ``height``.
-
-    Chromium is driven through the DevTools protocol over a pipe
-    (``--remote-debugging-pipe``: no port is opened), which a plain
-    ``--screenshot`` cannot do: set ``local_storage`` for the page's origin and
-    reload (the Airflow UI keeps e.g. which task groups are open there), then
-    wait until the JavaScript expression ``ready_js`` is true (the single-page
-    app has fetched and drawn its data) before capturing.
-    """
-    import fcntl
-    import select
-    import shutil
-    import tempfile
-
-    binary = chromium_binary()
-    if binary is None:
-        raise RuntimeError("Chromium is not installed: run scripts/bootstrap.sh (make setup)")
-    path = Path(path)
-    profile = tempfile.mkdtemp(prefix="eos-chromium-")
-    cmd_r, cmd_w = os.pipe()  # we write commands; Chromium reads them on its fd 3
-    out_r, out_w = os.pipe()  # Chromium writes answers and events on its fd 4
-
-    def child_fds() -> None:
-        high_r, high_w = fcntl.fcntl(cmd_r, fcntl.F_DUPFD, 10), fcntl.fcntl(out_w, fcntl.F_DUPFD, 10)
-        os.dup2(high_r, 3)
-        os.dup2(high_w, 4)
-
-    errors = tempfile.TemporaryFile()
-    proc = subprocess.Popen(
-        [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
-         "--remote-debugging-pipe", "about:blank"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
-        pass_fds=(3, 4), preexec_fn=child_fds, start_new_session=True)  # noqa: PLW1509 - no threads involved
-    os.close(cmd_r)
-    os.close(out_w)
-    deadline = time.monotonic() + timeout
-    buffer = b""
-    ids = iter(range(1, 1_000_000))
-
-    def call(method: str, params: dict | None = None, session: str | None = None) -> dict:
-        nonlocal buffer
-        msg_id = next(ids)
-        msg = {"id": msg_id, "method": method, "params": params or {}}
-        if session:
-            msg["sessionId"] = session
-        os.write(cmd_w, json.dumps(msg).encode() + b"\0")
-        while True:
-            while b"\0" not in buffer:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([out_r], [], [], left)[0]:
-                    raise TimeoutError(f"Chromium did not answer {method} in time")
-                chunk = os.read(out_r, 1 << 20)
-                if not chunk:
-                    errors.seek(0)
-                    raise RuntimeError(f"Chromium closed the pipe during {method}: {errors.read()[-2000:]!r}")
-                buffer += chunk
-            raw, _, buffer = buffer.partition(b"\0")
-            answer = json.loads(raw)
-            if answer.get("id") == msg_id:
-                if "error" in answer:
-                    raise RuntimeError(f"{method}: {answer['error']}")
-                return answer.get("result", {})
-
-    def evaluate(expression: str, session: str) -> Any:
-        result = call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)
-        return result.get("result", {}).get("value")
-
-    def wait_until(expression: str, session: str, what: str) -> None:
-        while not evaluate(expression, session):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url}: {what} not reached in {timeout}s")
-            time.sleep(0.25)
-
-    try:
-        target = call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        call("Emulation.setDeviceMetricsOverride",
-             {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session)
-        call("Page.navigate", {"url": url}, session)
-        wait_until("document.readyState === 'complete' && location.href !== 'about:blank'", session, "page load")
-        if local_storage:
-            evaluate("".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});"
-                             for k, v in local_storage.items()), session)
-            call("Page.reload", {}, session)
-            time.sleep(0.5)
-            wait_until("document.readyState === 'complete'", session, "page reload")
-        if ready_js:
-            wait_until(ready_js, session, repr(ready_js))
-        time.sleep(settle)  # let the last fetched data paint
-        data = call("Page.captureScreenshot", {"format": "png"}, session)["data"]
-        path.write_bytes(base64.b64decode(data))
-        with contextlib.suppress(Exception):
-            call("Browser.close")
-    finally:
-        os.close(cmd_w)
-        os.close(out_r)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        _signal_group(proc.pid, signal.SIGKILL)  # helpers (zygote, GPU/network services) too
-        errors.close()
-        shutil.rmtree(profile, ignore_errors=True)
-    return path
