@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, TextIO
+
+import psycopg
 
 from airflow_eos.cli.connections import OK, VIOLATIONS, UsageError, resolve
 from airflow_eos.cli.output import JSON, print_json, table
 from airflow_eos.cli.targets import UnknownTarget, claimed_target, spec_for
+from airflow_eos.core.database import redact
+from airflow_eos.core.errors import LedgerUnavailable
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.verify import OFFSETS, VerifyReport, verify
 from airflow_eos.verify.report import VIOLATION, window_result
@@ -27,11 +32,23 @@ def cmd_verify(args, out: TextIO) -> int:
     report = verify(ledger, conns.kafka_config, target, args.pipeline, count_column=args.count_column,
                     max_examples=args.max_examples, timeout=args.kafka_timeout,
                     max_timestamp_skew=args.max_timestamp_skew)
+    record_last_verify(ledger, report)
     if args.output == JSON:
         print_json(report.to_dict(), out)
     else:
         print_report(report, out, limit=args.limit)
     return OK if report.clean else VIOLATIONS
+
+
+def record_last_verify(ledger: Ledger, report: VerifyReport) -> None:
+    """Keep the report's totals as the pipeline's last verify (the window status
+    page shows it). Verify itself only reads: a ledger user without write access
+    loses the record, not the audit."""
+    try:
+        ledger.record_verify_run(report.pipeline, report.run_record())
+    except (psycopg.Error, LedgerUnavailable) as exc:
+        print(f"airflow-eos verify: note: the result was not recorded in the ledger ({type(exc).__name__}: "
+              f"{redact(str(exc)).splitlines()[0] if str(exc) else ''})", file=sys.stderr)
 
 
 def print_report(report: VerifyReport, out: TextIO, *, limit: int = 50) -> None:

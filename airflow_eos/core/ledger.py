@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import LedgerUnavailable, WindowConflict
@@ -236,6 +236,40 @@ class Ledger:
     def pipelines(self, conn: psycopg.Connection, *, limit: int) -> list[str]:
         """The first ``limit`` pipelines of the ledger, by name."""
         return [p for (p,) in conn.execute("SELECT pipeline FROM eos.pipelines ORDER BY 1 LIMIT %s", (limit,))]
+
+    # ------------------------------------------------------------------ verify runs
+
+    VERIFY_RUNS_SINCE_VERSION = 10
+    _VERIFY_COLUMNS = ("target", "clean", "committed_windows", "kafka_records", "published_rows", "dead_letters",
+                       "duplicates", "missing", "extra", "violations")
+
+    def records_verify_runs(self, conn: psycopg.Connection) -> bool:
+        """The ledger's schema keeps the last verify of each pipeline (for readers that do not migrate it)."""
+        return conn.execute("SELECT coalesce(max(version), 0) >= %s FROM eos.schema_version",
+                            (self.VERIFY_RUNS_SINCE_VERSION,)).fetchone()[0]
+
+    def record_verify_run(self, pipeline: str, run: Mapping[str, Any]) -> bool:
+        """Keep ``run`` (the keys of ``_VERIFY_COLUMNS``) as the pipeline's last
+        verify; False (nothing written) where the schema predates it."""
+        cols = self._VERIFY_COLUMNS
+        with self.connect() as conn, conn.transaction():
+            if not self.records_verify_runs(conn):
+                return False
+            conn.execute(
+                f"INSERT INTO eos.verify_runs (pipeline, verified_at, {', '.join(cols)})"
+                f" VALUES (%s, now(), {', '.join(['%s'] * len(cols))})"
+                f" ON CONFLICT (pipeline) DO UPDATE SET verified_at = now(), "
+                + ", ".join(f"{c} = EXCLUDED.{c}" for c in cols),
+                (pipeline, *(run[c] for c in cols)))
+        return True
+
+    def last_verify_run(self, conn: psycopg.Connection, pipeline: str) -> dict[str, Any] | None:
+        """The pipeline's last recorded verify (``verified_at`` and ``_VERIFY_COLUMNS``), or None."""
+        if not self.records_verify_runs(conn):
+            return None
+        row = conn.execute(f"SELECT verified_at, {', '.join(self._VERIFY_COLUMNS)} FROM eos.verify_runs"
+                           " WHERE pipeline = %s", (pipeline,)).fetchone()
+        return dict(zip(("verified_at", *self._VERIFY_COLUMNS), row)) if row else None
 
     # ------------------------------------------------------------------ ownership
 

@@ -352,6 +352,29 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE eos.windows ADD COLUMN announced_epoch integer;
         """,
     ),
+    (
+        10,
+        """
+        -- The last `airflow-eos verify` of each pipeline, as the command
+        -- recorded it (verify itself only reads): what the window status page
+        -- shows beside the windows. Totals are null where the audit is of
+        -- counts, not lineage.
+        CREATE TABLE eos.verify_runs (
+            pipeline           text        PRIMARY KEY,
+            verified_at        timestamptz NOT NULL DEFAULT now(),
+            target             text        NOT NULL,
+            clean              boolean     NOT NULL,
+            committed_windows  integer     NOT NULL,
+            kafka_records      bigint,
+            published_rows     bigint      NOT NULL,
+            dead_letters       bigint      NOT NULL,
+            duplicates         bigint,
+            missing            bigint,
+            extra              bigint,
+            violations         integer     NOT NULL
+        );
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

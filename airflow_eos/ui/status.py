@@ -1,6 +1,7 @@
 """What the window status page shows, read from the ledger: per pipeline its
 windows (state, attempts, epochs, rows, dead letters), its committed offsets
-and, with a Kafka connection, the end of each log and the lag behind it.
+and, with a Kafka connection, the end of each log and the lag behind it; the
+last `airflow-eos verify` the ledger recorded.
 
 Pure reading through the ledger's own queries (core/ledger.py,
 core/attempt.py): nothing here writes, and no SQL is repeated.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timezone
 from enum import Enum
 from typing import Any
 
@@ -18,9 +20,23 @@ from airflow_eos.core.attempt import AttemptState
 from airflow_eos.core.ledger import Ledger, WindowRecord, WindowState
 from airflow_eos.core.windows import TopicPartition
 
-#: The ledger keeps no record of ``airflow-eos verify`` runs (verify is a read-only
-#: audit); the page says so instead of showing a stale or invented result.
+#: ``airflow-eos verify`` records its last result per pipeline (eos.verify_runs,
+#: migration 10); before a first run, or on an older ledger, the page says so
+#: instead of showing an invented result.
 VERIFY_NOT_RECORDED = "not recorded in the ledger: run airflow-eos verify --pipeline {pipeline}"
+
+
+def describe_verify(run: Mapping | None, pipeline: str) -> str:
+    """The last recorded verify of a pipeline, in one line."""
+    if run is None:
+        return VERIFY_NOT_RECORDED.format(pipeline=pipeline)
+    when = run["verified_at"].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    verdict = "clean" if run["clean"] else f"{run['violations']} violation(s)"
+    counts = (f"{run['kafka_records']} Kafka records: {run['published_rows']} published, {run['dead_letters']} dead "
+              f"letters, {run['duplicates']} duplicates, {run['missing']} missing, {run['extra']} extra"
+              if run["kafka_records"] is not None else
+              f"{run['published_rows']} rows published, {run['dead_letters']} dead letters (counts per window)")
+    return f"{verdict} at {when} against {run['target']}: {run['committed_windows']} committed window(s), {counts}"
 
 
 class WindowStatus(str, Enum):
@@ -114,7 +130,7 @@ def read_pipeline(ledger: Ledger, conn, pipeline: str, *, limit: int) -> Pipelin
         pipeline=pipeline, owner=claim.owner() if claim else None, dag_id=claim.dag_id if claim else None,
         windows=list(reversed(shown)),  # newest first, as Airflow lists runs
         partitions=[PartitionRow(tp, offsets.get(tp)) for tp in sorted(planned | set(offsets))],
-        verify=VERIFY_NOT_RECORDED.format(pipeline=pipeline), counts=by_status)
+        verify=describe_verify(ledger.last_verify_run(conn, pipeline), pipeline), counts=by_status)
 
 
 def read_ledger(ledger: Ledger, *, pipelines: int = 100, windows: int = 48) -> list[PipelineStatus]:

@@ -95,6 +95,15 @@ class VerifyReport:
         return Totals(*map(total, ("kafka_records", "published_rows", "dead_letters", "duplicates", "missing",
                                    "extra")))
 
+    def run_record(self) -> dict[str, Any]:
+        """What the ledger keeps of this report as the pipeline's last verify
+        (``Ledger.record_verify_run``)."""
+        t = self.totals
+        return {"target": self.table, "clean": self.clean, "committed_windows": self.committed_windows,
+                "kafka_records": t.kafka_records, "published_rows": t.published_rows or 0,
+                "dead_letters": t.dead_letters or 0, "duplicates": t.duplicates, "missing": t.missing,
+                "extra": t.extra, "violations": len(self.violations)}
+
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-able values (``airflow-eos verify -o json``):
         stable keys, documented in docs/cli.md; timestamps in ISO 8601 UTC,

@@ -10,6 +10,7 @@ for both: starting it costs minutes).
 from __future__ import annotations
 
 import html.parser
+import re
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.windows import TopicPartition
@@ -88,6 +89,16 @@ def test_the_page_reads_every_windows_state_from_the_ledger(ledger, freeze_windo
     assert HOSTILE in text  # shown as the text it is
     assert "1 committed, 1 failed, 1 planned, 1 replaced, 1 running" in text
     assert "Last verify: not recorded in the ledger: run airflow-eos verify --pipeline orders" in text
+
+    # what `airflow-eos verify` records (tests/integration/test_cli.py shows it writing this), shown as one line
+    assert ledger.record_verify_run("orders", {
+        "target": "analytics.orders", "clean": False, "committed_windows": 2, "kafka_records": 30,
+        "published_rows": 27, "dead_letters": 2, "duplicates": 0, "missing": 1, "extra": 0, "violations": 1})
+    [orders] = [s for s in ui_status.read_ledger(ledger) if s.pipeline == "orders"]
+    assert re.fullmatch(r"1 violation\(s\) at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC against analytics\.orders: "
+                        r"2 committed window\(s\), 30 Kafka records: 27 published, 2 dead letters, 0 duplicates, "
+                        r"1 missing, 0 extra", orders.verify), orders.verify
+    assert f"Last verify: {orders.verify}" in "".join(parsed(render([orders], source="x")).text)
 
 
 def test_a_database_without_a_ledger_shows_no_pipeline(pg_url):

@@ -100,6 +100,9 @@ def test_verify_clean_exits_0_and_a_violation_exits_1(pg_url, kafka_config, comm
     assert total.split() == ["total", "12", "12", "0", "0", "0", "0"]
     assert "partition offsets: 2 partition(s) in the contiguous committed prefix, eos.partition_offsets matches" \
         in out
+    assert last_verify(pg_url) == {"target": "orders", "clean": True, "committed_windows": 2, "kafka_records": 12,
+                                   "published_rows": 12, "dead_letters": 0, "duplicates": 0, "missing": 0,
+                                   "extra": 0, "violations": 0}
 
     offset = committed.records(committed.plans[1], 0)[0]
     execute(pg_url, "DELETE FROM orders WHERE eos_partition = 0 AND eos_offset = %s", (offset,))
@@ -111,6 +114,23 @@ def test_verify_clean_exits_0_and_a_violation_exits_1(pg_url, kafka_config, comm
     assert lines_with(out, "missing", f"window 2024-01-01T01:00:00+00:00: {committed.topic}[0] offset {offset} "
                                       "is in Kafka but neither published nor a dead letter")
     assert lines_with(out, "count", "the target holds 5 rows, the ledger recorded 6")
+    # the status page's "last verify" is this run's: replaced, not appended
+    assert last_verify(pg_url) == {"target": "orders", "clean": False, "committed_windows": 2, "kafka_records": 12,
+                                   "published_rows": 11, "dead_letters": 0, "duplicates": 0, "missing": 1,
+                                   "extra": 0, "violations": 2}
+
+
+def last_verify(pg_url: str) -> dict:
+    """The pipeline's last verify as the ledger keeps it, without its time."""
+    from airflow_eos.core.ledger import Ledger
+
+    ledger = Ledger(pg_url)
+    with ledger.connect() as conn:
+        run = ledger.last_verify_run(conn, PIPELINE)
+        (n,) = conn.execute("SELECT count(*) FROM eos.verify_runs").fetchone()
+    assert n == 1 and run is not None
+    del run["verified_at"]
+    return run
 
 
 def test_verify_usage_and_connection_errors_exit_2(pg_url, kafka_config, committed, capsys, monkeypatch):
