@@ -378,7 +378,11 @@ def test_an_unreachable_broker_is_one_clear_error_naming_it(pg_url, committed, c
             assert f"reading {committed.topic}[0] from the beginning of the log within 2.0s" in line, line
         librdkafka = [r for r in caplog.records if r.name == "airflow_eos.librdkafka"]
         assert len(librdkafka) < 10, [r.getMessage() for r in librdkafka]
-        assert "rdkafka" not in capfd.readouterr().err
+        # librdkafka's own lines name the client's broker, and the CLI's clients know only `address`; a client
+        # another test of this process leaked may still log about its own broker here (seen once in CI: a
+        # transactional producer of the session's broker), which says nothing of the CLI
+        spilled = [line for line in capfd.readouterr().err.splitlines() if "rdkafka" in line and address in line]
+        assert spilled == [], spilled
 
 
 def test_the_product_cli_has_no_bench(capsys):
