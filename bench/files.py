@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from measure import checkpoint, median_run
-from records import HOUR, T0, TOPIC
+from records import HOUR, T0, TOPIC, biggest_window
 from windows import run_exactly_once
 
 DAG_ID = "orders_hourly_files"
@@ -127,7 +127,7 @@ def files_ratios(r: dict) -> dict:
 
 def files_headline(results: dict) -> dict:
     """results.json's top-level file-target figures, of the biggest window."""
-    big = results["sizes"].get(1_000_000) or results["sizes"][max(results["sizes"])]
+    big = biggest_window(results)
     if "files_window_s" not in big:
         return {}
     return {"files_window_1m_seconds": big["files_window_s"],

@@ -31,7 +31,7 @@ import sys
 import time
 
 from measure import checkpoint, median_run
-from records import HOUR, T0, produce
+from records import HOUR, T0, biggest_window, produce
 from windows import run_exactly_once
 
 PARTITION_COUNTS = (4, 64, 256)
@@ -253,7 +253,7 @@ def growth_headline(results: dict) -> dict:
         sizes = tuple(int(k) for k in keys)
         out["commit_growth_vs_ledger"] = growth_name([ledger[k]["commit_s"] for k in keys], sizes)
         out["plan_growth_vs_ledger"] = growth_name([ledger[k]["plan_median_s"] for k in keys], sizes)
-    big = results["sizes"].get(1_000_000) or results["sizes"][max(results["sizes"])]
+    big = biggest_window(results)
     if "verify" in big:
         out["verify_records_per_s_1m"] = big["verify"]["records_per_s"]
         out["verify_over_consume_ceiling_1m"] = big["verify_over_consume_ceiling"]

@@ -36,7 +36,7 @@ import time
 from datetime import timedelta
 
 from measure import checkpoint, median_run
-from records import HOUR, T0, TARGET_COLUMNS, TOPIC
+from records import HOUR, T0, TARGET_COLUMNS, TOPIC, biggest_window
 
 DAG_ID = "bench_peer_consume_operator"
 PEER_TABLE = "analytics.orders_peer"
@@ -207,7 +207,7 @@ def peer_ratios(r: dict) -> dict:
 
 def peer_headline(results: dict) -> dict:
     """results.json's top-level peer figures, of the biggest window."""
-    big = results["sizes"].get(1_000_000) or results["sizes"][max(results["sizes"])]
+    big = biggest_window(results)
     if "peer_speedup" not in big:
         return {}
     return {"peer_window_1m_seconds": big["peer_window_s"], "peer_speedup_1m": big["peer_speedup"],

@@ -83,3 +83,9 @@ def transformed_rows(ends: dict[int, int], pipeline: str):
                      "eos_partition": pa.array(part, pa.int32()), "eos_offset": pa.array(off, pa.int64()),
                      "eos_pipeline": [pipeline] * n,
                      "eos_window_start": pa.array([T0] * n, pa.timestamp("us", "UTC"))})
+
+
+def biggest_window(results: dict) -> dict:
+    """The results of the run's 1M window (its biggest in a shorter run): the
+    window every section's headline figures are taken from."""
+    return results["sizes"].get(1_000_000) or results["sizes"][max(results["sizes"])]

@@ -12,7 +12,7 @@ from growth import growth_section
 from kafka import kafka_section
 from load import load_section
 from peer import peer_section
-from records import HERE
+from records import HERE, biggest_window
 
 # results.json's headline: the biggest window's figures (1M in a full run), the smallest's latency.
 FIRST_KEYS = ("e2e_over_ceiling_1m", "overhead_vs_at_least_once_1m", "commit_1m_seconds")
@@ -20,7 +20,7 @@ FIRST_KEYS = ("e2e_over_ceiling_1m", "overhead_vs_at_least_once_1m", "commit_1m_
 
 def headline(results: dict) -> dict:
     """The run's headline figures, from its biggest and smallest windows."""
-    big = results["sizes"].get(1_000_000) or results["sizes"][max(results["sizes"])]
+    big = biggest_window(results)
     small = results["sizes"].get(10_000) or results["sizes"][min(results["sizes"])]
     return {
         "window_for_headline": big["exactly_once"]["records"],
