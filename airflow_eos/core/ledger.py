@@ -245,8 +245,7 @@ class Ledger:
 
     def records_verify_runs(self, conn: psycopg.Connection) -> bool:
         """The ledger's schema keeps the last verify of each pipeline (for readers that do not migrate it)."""
-        return conn.execute("SELECT coalesce(max(version), 0) >= %s FROM eos.schema_version",
-                            (self.VERIFY_RUNS_SINCE_VERSION,)).fetchone()[0]
+        return self._schema_at_least(conn, self.VERIFY_RUNS_SINCE_VERSION)
 
     def record_verify_run(self, pipeline: str, run: Mapping[str, Any]) -> bool:
         """Keep ``run`` (the keys of ``_VERIFY_COLUMNS``) as the pipeline's last
@@ -278,8 +277,13 @@ class Ledger:
 
     def records_claims(self, conn: psycopg.Connection) -> bool:
         """The ledger's schema has claims (for readers that do not migrate it)."""
+        return self._schema_at_least(conn, self.CLAIMS_SINCE_VERSION)
+
+    @staticmethod
+    def _schema_at_least(conn: psycopg.Connection, version: int) -> bool:
+        """Migration ``version`` is applied (readers such as the CLI and the UI never migrate)."""
         return conn.execute("SELECT coalesce(max(version), 0) >= %s FROM eos.schema_version",
-                            (self.CLAIMS_SINCE_VERSION,)).fetchone()[0]
+                            (version,)).fetchone()[0]
 
     def load_claim(self, conn: psycopg.Connection, pipeline: str) -> Claim | None:
         """The pipeline's recorded claim; None if it has none (never planned,
