@@ -13,7 +13,7 @@ from airflow_eos.core import attempt as attempts
 from airflow_eos.core.database import redact
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.ownership import Claim
-from airflow_eos.core.source import KafkaLog
+from airflow_eos.core.source import KafkaLog, per_partition
 from airflow_eos.core.windows import TopicPartition
 
 ATTEMPT_STATES = tuple(attempts.AttemptState)  # in the order of an attempt's life
@@ -54,7 +54,7 @@ def read_status(ledger: Ledger, pipeline: str, *, kafka_config: dict[str, Any] |
     if kafka_config is not None:
         with KafkaLog(kafka_config, timeout=kafka_timeout) as log_:
             tps = sorted(set(tps) | set(log_.partitions(sorted({tp.topic for tp in tps}))))
-            ends = {tp: log_.bounds(tp).end for tp in tps}
+            ends = {tp: b.end for tp, b in per_partition(log_, log_.bounds, tps).items()}
     return {
         "pipeline": pipeline,
         "claim": claim_json(claim),

@@ -47,7 +47,7 @@ from airflow_eos.core.skew import (
 )
 # The skew check's reading, imported from here before it had a module of its own.
 from airflow_eos.core.skew import held_behind, records_after  # noqa: F401
-from airflow_eos.core.source import Bounds, PartitionLog, normalise_topics
+from airflow_eos.core.source import Bounds, PartitionLog, normalise_topics, per_partition
 from airflow_eos.core.windows import (
     CUT_BY_IDLE,
     CUT_BY_NEIGHBOUR,
@@ -223,7 +223,7 @@ def plan_window(
             _check_topics(frozen, request)
             if not claimed_already:
                 claim_pipeline(ledger, conn, asked)
-            check_readable(frozen, {tp: log_.bounds(tp) for tp in {r.tp for r in frozen.ranges}})
+            check_readable(frozen, per_partition(log_, log_.bounds, sorted({r.tp for r in frozen.ranges})))
             return frozen
 
         tps = log_.partitions(list(request.topics))  # claim only topics that exist
@@ -233,7 +233,7 @@ def plan_window(
             started = time.monotonic()
             with conn.transaction():
                 contexts = ledger.cut_contexts(conn, window, tps)
-            bounds = {tp: log_.bounds(tp) for tp in tps}
+            bounds = per_partition(log_, log_.bounds, tps)
             cuts, waiting = _resolve_all(log_, window, tps, contexts, bounds, request, now())
             if waiting:
                 raise WindowNotClosed(
@@ -298,28 +298,29 @@ def _refuse_conflict(reason: str | None) -> None:
 
 
 def _resolve_all(log_, window, tps, contexts, bounds, request, now):
-    cuts: dict[tuple[TopicPartition, datetime], Cut] = {}
-    waiting: list[TopicPartition] = []
-    for tp in tps:
-        start_ctx = contexts[tp, window.start]
-        rules = dict(now=now, idle_partition_grace=request.idle_partition_grace,
-                     max_timestamp_skew=request.max_timestamp_skew,
-                     on_skewed_timestamp=request.on_skewed_timestamp, window=window)
-        start_cut = resolve_cut(log_, tp, window.start, start_ctx, bounds[tp], **rules)
+    rules = dict(now=now, idle_partition_grace=request.idle_partition_grace,
+                 max_timestamp_skew=request.max_timestamp_skew,
+                 on_skewed_timestamp=request.on_skewed_timestamp, window=window)
+
+    def resolve(tp: TopicPartition) -> tuple[Cut, Cut] | None:
+        start_cut = resolve_cut(log_, tp, window.start, contexts[tp, window.start], bounds[tp], **rules)
         if start_cut is None:
-            waiting.append(tp)
-            continue
+            return None
         # The end cut can never fall below this window's own start cut.
         end_ctx = contexts[tp, window.end]
         if end_ctx.frozen is None:
             end_ctx = CutContext(None, max(end_ctx.lower or 0, start_cut.offset), end_ctx.upper,
                                  end_ctx.new_partition)
         end_cut = resolve_cut(log_, tp, window.end, end_ctx, bounds[tp], **rules)
-        if end_cut is None:
+        return None if end_cut is None else (start_cut, end_cut)
+
+    cuts: dict[tuple[TopicPartition, datetime], Cut] = {}
+    waiting: list[TopicPartition] = []
+    for tp, pair in per_partition(log_, resolve, tps).items():
+        if pair is None:
             waiting.append(tp)
-            continue
-        cuts[tp, window.start] = start_cut
-        cuts[tp, window.end] = end_cut
+        else:
+            cuts[tp, window.start], cuts[tp, window.end] = pair
     return cuts, waiting
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import AttemptState
 from airflow_eos.core.ledger import Ledger, WindowRecord, WindowState
+from airflow_eos.core.source import per_partition
 from airflow_eos.core.windows import TopicPartition
 
 #: ``airflow-eos verify`` records its last result per pipeline (eos.verify_runs,
@@ -155,7 +156,8 @@ def with_lag(status: PipelineStatus, ends: Mapping[TopicPartition, int]) -> Pipe
 def read_log_ends(kafka_log, topics: list[str]) -> dict[TopicPartition, int]:
     """The end of every partition of ``topics``, read from the log (never the
     reported high watermark)."""
-    return {tp: kafka_log.bounds(tp).end for tp in kafka_log.partitions(sorted(set(topics)))}
+    bounds = per_partition(kafka_log, kafka_log.bounds, kafka_log.partitions(sorted(set(topics))))
+    return {tp: b.end for tp, b in bounds.items()}
 
 
 def topics_of(status: PipelineStatus) -> list[str]:

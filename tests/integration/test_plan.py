@@ -151,6 +151,35 @@ def test_windows_tile_the_log_whatever_the_planning_order(shared_db, kafka_confi
 # --------------------------------------------------------------------------- freezing
 
 
+def test_many_partitions_read_side_by_side_plan_exactly_what_one_reader_plans(ledger, kafka_config, topics, kafka):
+    """The plan reads partitions in parallel (KafkaLog.parallel_reads consumers):
+    every cut must be what reading them one at a time finds, and what the records say."""
+    n = 40
+    topic = topics.create(partitions=n)
+    # Partition p: 30 records a minute apart, shifted by p seconds (every cut differs).
+    topics.produce(topic, [(p, ms(T0) + i * 60_000 + p * 1_000, b"x") for p in range(n) for i in range(30)])
+    records = read_all(kafka.address, topic, n)
+    start, end = T0 + 10 * MINUTE + 20 * timedelta(seconds=1), T0 + 20 * MINUTE
+    request = lambda pipeline: PlanRequest(Window(pipeline, start, end), (topic,), timedelta(minutes=5))  # noqa: E731
+
+    with KafkaLog(kafka_config) as log:
+        side_by_side = plan_window(ledger, log, request("wide-parallel"), now=LATER)
+        assert 1 < len(log._consumers) <= KafkaLog.parallel_reads, "the partitions were not read side by side"
+    with KafkaLog(kafka_config) as log:
+        log.parallel_reads = 1
+        one_at_a_time = plan_window(ledger, log, request("wide-serial"), now=LATER)
+        assert len(log._consumers) == 1
+
+    def cut(p, t):
+        return min(off for (q, off), ts in records.items() if q == p and ts >= ms(t))
+
+    expected = [(p, cut(p, start), cut(p, end)) for p in range(n)]
+    assert [(r.partition, r.start_offset, r.end_offset) for r in side_by_side.ranges] == expected
+    assert [(r.partition, r.start_offset, r.end_offset) for r in one_at_a_time.ranges] == expected
+
+
+
+
 def test_replanning_returns_the_frozen_plan_and_late_records_go_to_the_next_window(ledger, kafka_config, topics):
     topic = topics.create(partitions=2)
     topics.produce(topic, [(p, ms(T0) + i * 60_000, b"x") for p in range(2) for i in range(130)])
