@@ -280,6 +280,7 @@ class KafkaLog:
         self._lock = threading.Lock()
         self._consumers = [reader(self._config, "Kafka consumer")]
         self._idle = list(self._consumers)
+        self._first: dict[TopicPartition, tuple[int, Record | None]] = {}  # bounds(): log start, first record
 
     def close(self) -> None:
         with self._lock:
@@ -395,9 +396,11 @@ class KafkaLog:
         from confluent_kafka import OFFSET_BEGINNING
         from confluent_kafka import TopicPartition as KafkaTopicPartition
         first: int | None = None
+        record: Record | None = None
         with self._lease() as consumer:
             for msg, offset in self._poll_from(consumer, tp, OFFSET_BEGINNING):
                 first = offset
+                record = Record(offset, msg.timestamp()[1]) if msg is not None else None
                 break
             low, high = consumer.get_watermark_offsets(KafkaTopicPartition(tp.topic, tp.partition), cached=True)
         if first is None:
@@ -407,12 +410,18 @@ class KafkaLog:
         # A log whose first record sits after a transaction marker: the cached
         # low watermark is the true log start.
         log_start = min(first, low) if low >= 0 else first
+        # The first record, kept: a search from the log start (the first window
+        # of a pipeline, a backfill) probes it first, and a probe is a round trip.
+        self._first[tp] = (log_start, record)
         return Bounds(log_start=log_start, end=max(high, first))
 
     def first_at_or_after(self, tp: TopicPartition, offset: int, end: int) -> Record | None:
         """The first record at or after ``offset`` and before ``end``, or None."""
         if offset >= end:
             return None
+        log_start, first = self._first.get(tp, (None, None))
+        if first is not None and log_start <= offset <= first.offset:  # read by bounds(): no record before it
+            return first if first.offset < end else None
         with self._lease() as consumer:
             for msg, at in self._poll_from(consumer, tp, offset):
                 if msg is None or at >= end:
