@@ -23,12 +23,14 @@ Spark job is replaced, by its Python stand-in (:func:`python_job`):
                                                                  commit.after_kafka_commit]
     abort     steps.abort (teardown, setup = plan)              [abort.inside]
 
-A step whose window has faults at its points runs in a child process (forked
-from a clean fork server) with ``EOS_FAULTS`` set, so ``crash`` really ends a
-process with exit code 137 with no ``finally``, no rollback and no abort, as a
-SIGKILLed worker; ``raise`` fails the task like any error. Other steps run
-in-process. Firings are counted in a per-window ``EOS_FAULTS_STATE`` directory,
-so ``point=crash*1`` fails the first try and lets the retry through.
+A step whose window has a ``crash`` fault at its points runs in a child process
+(forked from a clean fork server) with ``EOS_FAULTS`` set, so ``crash`` really
+ends a process with exit code 137 with no ``finally``, no rollback and no abort,
+as a SIGKILLed worker. Every other step runs in-process, its ``raise`` faults
+injected in its own thread only (airflow_eos.core.faults.injected): a raise fails
+the task like any error. Firings are counted in a per-window state directory
+(``EOS_FAULTS_STATE`` in a child), so ``point=crash*1`` fails the first try and
+lets the retry through.
 
 Airflow's semantics, as modelled:
 
