@@ -15,6 +15,8 @@ from harness.chaos.pipeline import ACTIONS, EMBEDDED_BROKER, ON_COMMITTED, TARGE
 
 # --------------------------------------------------------------------------- randomized schedules
 
+SKEWED = 0.2  # the share of schedules that read the topic of skewed timestamps (it costs nothing more)
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -39,6 +41,9 @@ class Schedule:
     sweep_during: bool = False
     target_mode: str = "replace_window"  # how the PostgreSQL target publishes (replace_window or partition_per_window)
     target: str = "postgres"  # one of TARGETS: chosen by the caller, not drawn (a seed replays on its target)
+    # The source topic: "ordered" (source_records) or "skewed" (skewed_source_records: timestamps
+    # out of order, decreasing across window boundaries, some hours late).
+    source: str = "ordered"
 
     @classmethod
     def draw(cls, seed: int, *, max_windows: int = 5, target: str = "postgres") -> "Schedule":
@@ -71,14 +76,15 @@ class Schedule:
             reruns=tuple(rng.choices(range(n), k=rng.choice((0, 1, 2)))),
             sweep_between=rng.random() < 0.5,
             sweep_during=rng.random() < 0.25,
-            target_mode=rng.choice(("replace_window", PARTITION_PER_WINDOW)),  # drawn last: older seeds replay
+            target_mode=rng.choice(("replace_window", PARTITION_PER_WINDOW)),  # drawn after the above: older
+            source="skewed" if rng.random() < SKEWED else "ordered",  # seeds replay (new draws go last)
             target=target,
         )
 
     def __str__(self) -> str:
         faults = "; ".join(f"w{i}: {spec}" for i, spec in sorted(self.faults.items())) or "none"
         target = f"target mode={self.target_mode}" if self.target == "postgres" else f"target={self.target}"
-        return (f"schedule seed={self.seed}: {self.windows} windows, {target}, "
+        return (f"schedule seed={self.seed}: {self.windows} windows, {target}, source={self.source}, "
                 f"on_committed={self.on_committed}, "
                 f"retries={self.retries}, parallel={self.parallel}, mirror={self.mirror}, "
                 f"max_records_per_task={self.max_records_per_task}, first runs {list(self.order)}, "
