@@ -49,14 +49,19 @@ class Tally:
     faults: Counter = field(default_factory=Counter)  # fault point -> firings, over every scenario and schedule
     targets: Counter = field(default_factory=Counter)  # target -> randomized schedules run
     sources: Counter = field(default_factory=Counter)  # source topic (ordered, skewed) -> randomized schedules run
+    pg_restarts: Counter = field(default_factory=Counter)  # shutdown mode -> randomized schedules restarting PostgreSQL
 
-    def add(self, verdict: chaos.Verdict, *, schedule: str | None = None, source: str = "ordered") -> None:
-        """Count a scenario's verdict (``schedule``: a randomized schedule's, on that target, reading ``source``)."""
+    def add(self, verdict: chaos.Verdict, *, schedule: str | None = None, source: str = "ordered",
+            pg_restart: str | None = None) -> None:
+        """Count a scenario's verdict (``schedule``: a randomized schedule's, on that target, reading
+        ``source``, restarting PostgreSQL with ``pg_restart``)."""
         self.faults.update(verdict.faults_fired)
         if schedule:
             self.schedules += 1
             self.targets[schedule] += 1
             self.sources[source] += 1
+            if pg_restart:
+                self.pg_restarts[pg_restart] += 1
         else:
             self.scenarios += 1
         t = verdict.report.totals
@@ -98,7 +103,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if t.schedules:
         terminalreporter.write_line("chaos: randomized schedules per target: "
                                     + ", ".join(f"{k} {v}" for k, v in sorted(t.targets.items()))
-                                    + "; per source topic: " + ", ".join(f"{k} {v}" for k, v in sorted(t.sources.items())))
+                                    + "; per source topic: " + ", ".join(f"{k} {v}" for k, v in sorted(t.sources.items()))
+                                    + "; PostgreSQL restarted: " + (", ".join(f"{k} {v}" for k, v in
+                                                                              sorted(t.pg_restarts.items())) or "0"))
     terminalreporter.write_line(f"chaos: {sum(t.faults.values())} faults fired: "
                                 + (", ".join(f"{k} {v}" for k, v in sorted(t.faults.items())) or "none"))
     for nodeid in t.failed:

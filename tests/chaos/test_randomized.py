@@ -9,8 +9,10 @@ zombie attempts that finish at random moments, a sweep, clears of committed
 windows (skip or replace), and the failed windows cleared round after round in
 random order until all are committed; one schedule in five reads a topic whose
 timestamps are out of order (harness.chaos.skewed_source_records: decreasing
-across window boundaries, some records hours late). It ends with verify clean
-against Kafka and the totals (see chaos.check).
+across window boundaries, some records hours late); one in twenty restarts
+PostgreSQL during its first runs (fast or immediate shutdown, at a moment drawn
+from the seed), on a server of its own. It ends with verify clean against Kafka
+and the totals (see chaos.check).
 
 Every seed runs on every target (harness.chaos.TARGETS): PostgreSQL (its
 publishing mode drawn from the seed), the file target and the Kafka target
@@ -34,9 +36,11 @@ from __future__ import annotations
 import os
 import random
 
+import psycopg
 import pytest
 from conftest import PARALLEL, TALLY, Rolling, new_pipeline, scratch_database, selected_params
 
+from airflow_eos.embedded import PostgresServer
 from harness.chaos import TARGETS, Schedule, run_schedule
 
 N = int(os.environ.get("EOS_CHAOS_N") or 67)
@@ -55,11 +59,22 @@ def schedules(request, pg_server, ledger_template, chaos_source, chaos_skewed_so
 
     def one(target, seed):
         s = Schedule.draw(seed, target=target)
+        if s.pg_restart:  # a server of its own to restart, a durable database on it
+            with PostgresServer() as server, scratch_database(server.url) as url:
+                # Durable (the test servers run with synchronous_commit=off, whose acknowledged
+                # commits a crash loses), the ledger's migrations included: a checkpoint.
+                with psycopg.connect(server.url, autocommit=True) as admin:
+                    admin.execute(f'ALTER DATABASE "{url.rpartition("/")[2]}" SET synchronous_commit = on')
+                    admin.execute("CHECKPOINT")
+                return play(s, url, restart_postgres=server.restart)
         with scratch_database(pg_server.address, template=ledger_template) as url:
-            p = new_pipeline(url, sources[s.source], f"r{seed}_{target}", on_committed=s.on_committed, mode=s.target_mode,
-                             mirror=s.mirror, max_records_per_task=s.max_records_per_task, target=target,
-                             root=tmp_path_factory.mktemp(f"lake{seed}"))
-            return s.source, run_schedule(s, p, tmp_path_factory.mktemp(f"seed{seed}"))
+            return play(s, url)
+
+    def play(s, url, **kwargs):
+        p = new_pipeline(url, sources[s.source], f"r{s.seed}_{s.target}", on_committed=s.on_committed,
+                         mode=s.target_mode, mirror=s.mirror, max_records_per_task=s.max_records_per_task,
+                         target=s.target, root=tmp_path_factory.mktemp(f"lake{s.seed}"))
+        return s, run_schedule(s, p, tmp_path_factory.mktemp(f"seed{s.seed}"), **kwargs)
 
     keys = [(params["target"], params["seed"])
             for params in selected_params(request, "test_randomized_schedule_is_exactly_once")]
@@ -74,5 +89,5 @@ def test_randomized_schedule_is_exactly_once(target, seed, schedules, tally):
     result = schedules.result((target, seed))
     if isinstance(result, BaseException):
         raise result
-    source, verdict = result
-    tally.add(verdict, schedule=target, source=source)
+    schedule, verdict = result
+    tally.add(verdict, schedule=target, source=schedule.source, pg_restart=schedule.pg_restart)
