@@ -43,10 +43,17 @@ def test_bad_specs_are_refused(monkeypatch):
         fault_point("commit.after_publish")
 
 
-def test_crash_ends_the_process_without_cleanup():
-    code = ("import os; os.environ['EOS_FAULTS']='abort.inside=crash'\n"
-            "from airflow_eos.core.faults import fault_point\n"
-            "try:\n    fault_point('abort.inside')\nfinally:\n    print('finally ran')")
+@pytest.mark.parametrize("code", [
+    # set in the environment (EOS_FAULTS)
+    "import os; os.environ['EOS_FAULTS']='abort.inside=crash'\n"
+    "from airflow_eos.core.faults import fault_point\n"
+    "try:\n    fault_point('abort.inside')\nfinally:\n    print('finally ran')",
+    # injected in the thread (faults.injected)
+    "from airflow_eos.core.faults import fault_point, injected\n"
+    "try:\n    with injected('abort.inside=crash'):\n        fault_point('abort.inside')\n"
+    "finally:\n    print('finally ran')",
+], ids=["environment", "injected"])
+def test_crash_ends_the_process_without_cleanup(code):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 137
     assert "finally ran" not in res.stdout
@@ -129,11 +136,3 @@ def test_injected_faults_replace_the_environments_and_restore_them(monkeypatch):
     with pytest.raises(FaultInjected, match="abort.inside"):
         fault_point("abort.inside")  # EOS_FAULTS again
 
-
-def test_an_injected_crash_ends_the_process_without_cleanup():
-    code = ("from airflow_eos.core.faults import fault_point, injected\n"
-            "try:\n    with injected('abort.inside=crash'):\n        fault_point('abort.inside')\n"
-            "finally:\n    print('finally ran')")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert res.returncode == 137
-    assert "finally ran" not in res.stdout
