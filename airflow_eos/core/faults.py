@@ -13,12 +13,20 @@ SIGKILL or an OOM kill would: no ``finally``, no rollback, no abort. ``*N`` fire
 the first N times only, counted across processes in the directory named by
 ``EOS_FAULTS_STATE`` (required with ``*N``), so "fail the first try, succeed on
 the retry" works across Airflow tasks and Spark workers.
+
+In-process, ``with injected(spec, state_dir):`` sets faults for the calling
+thread only (a context variable, consulted before ``EOS_FAULTS``): tests run a
+step's ``raise`` faults in its own thread, without a process of their own.
+A ``crash`` injected so still ends the whole process: give those a process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from airflow_eos.core.errors import ConfigurationError, EosError
@@ -48,7 +56,8 @@ class FaultInjected(EosError):
     """A failure injected on purpose at a named fault point."""
 
 
-def _parse(spec: str) -> dict[str, tuple[str, int | None]]:
+def _parse(spec: str, *, counted_in: str | None,
+           to_count: str = f"set {STATE_ENV} to a directory") -> dict[str, tuple[str, int | None]]:
     faults = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         point, _, action = item.partition("=")
@@ -57,27 +66,50 @@ def _parse(spec: str) -> dict[str, tuple[str, int | None]]:
             raise ConfigurationError(f"{ENV}: unknown fault point {point!r}; known: {', '.join(sorted(POINTS))}")
         if action not in ("raise", "crash"):
             raise ConfigurationError(f"{ENV}: action of {point} must be 'raise' or 'crash', not {action!r}")
-        if times and not os.environ.get(STATE_ENV):
-            raise ConfigurationError(f"{ENV}: '{item}' counts firings; set {STATE_ENV} to a directory")
+        if times and not counted_in:
+            raise ConfigurationError(f"{ENV}: '{item}' counts firings; {to_count}")
         faults[point] = (action, int(times) if times else None)
     return faults
 
 
 _cache: tuple[str, dict] = ("", {})
+# (faults, state directory) injected for this thread by injected(); None: EOS_FAULTS decides.
+_injected: contextvars.ContextVar[tuple[dict, str | None] | None] = contextvars.ContextVar(
+    "eos_faults_injected", default=None)
+
+
+@contextlib.contextmanager
+def injected(spec: str, state_dir: str | os.PathLike | None = None) -> Iterator[None]:
+    """Inside the block, the faults of the calling thread are ``spec`` (the
+    syntax of ``EOS_FAULTS``, ``*N`` firings claimed in ``state_dir`` as
+    across processes), whatever ``EOS_FAULTS`` says; other threads are not
+    affected, and a thread started inside the block does not inherit them
+    (it runs in a new context). ``spec`` empty: no faults in the block."""
+    state = os.fspath(state_dir) if state_dir is not None else None
+    token = _injected.set((_parse(spec, counted_in=state, to_count="pass injected(spec, state_dir)"), state))
+    try:
+        yield
+    finally:
+        _injected.reset(token)
 
 
 def fault_point(point: str) -> None:
-    spec = os.environ.get(ENV)
-    if not spec:
-        return
     global _cache
-    if _cache[0] != spec:
-        _cache = (spec, _parse(spec))
-    fault = _cache[1].get(point)
+    local = _injected.get()
+    if local is not None:
+        faults, state = local
+    else:
+        spec = os.environ.get(ENV)
+        if not spec:
+            return
+        if _cache[0] != spec:
+            _cache = (spec, _parse(spec, counted_in=os.environ.get(STATE_ENV)))
+        faults, state = _cache[1], os.environ.get(STATE_ENV)
+    fault = faults.get(point)
     if fault is None:
         return
     action, times = fault
-    if times is not None and not _claim(point, times):
+    if times is not None and not _claim(point, times, Path(state or "")):
         return
     if action == "crash":
         sys.stderr.write(f"airflow-eos: fault injected at {point}: crashing\n")
@@ -86,10 +118,9 @@ def fault_point(point: str) -> None:
     raise FaultInjected(f"fault injected at {point}")
 
 
-def _claim(point: str, times: int) -> bool:
+def _claim(point: str, times: int, state: Path) -> bool:
     """Take one of the ``times`` firings of ``point``; False once all are taken.
-    O_EXCL file creation makes this atomic across processes."""
-    state = Path(os.environ[STATE_ENV])
+    O_EXCL file creation makes this atomic across processes (and threads)."""
     state.mkdir(parents=True, exist_ok=True)
     for n in range(times):
         try:

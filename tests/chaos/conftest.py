@@ -48,13 +48,20 @@ class Tally:
     seeds: str = ""
     faults: Counter = field(default_factory=Counter)  # fault point -> firings, over every scenario and schedule
     targets: Counter = field(default_factory=Counter)  # target -> randomized schedules run
+    sources: Counter = field(default_factory=Counter)  # source topic (ordered, skewed) -> randomized schedules run
+    pg_restarts: Counter = field(default_factory=Counter)  # shutdown mode -> randomized schedules restarting PostgreSQL
 
-    def add(self, verdict: chaos.Verdict, *, schedule: str | None = None) -> None:
-        """Count a scenario's verdict (``schedule``: a randomized schedule's, on that target)."""
+    def add(self, verdict: chaos.Verdict, *, schedule: str | None = None, source: str = "ordered",
+            pg_restart: str | None = None) -> None:
+        """Count a scenario's verdict (``schedule``: a randomized schedule's, on that target, reading
+        ``source``, restarting PostgreSQL with ``pg_restart``)."""
         self.faults.update(verdict.faults_fired)
         if schedule:
             self.schedules += 1
             self.targets[schedule] += 1
+            self.sources[source] += 1
+            if pg_restart:
+                self.pg_restarts[pg_restart] += 1
         else:
             self.scenarios += 1
         t = verdict.report.totals
@@ -95,7 +102,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         f"{t.attempts} attempts in {t.runs} DAG runs")
     if t.schedules:
         terminalreporter.write_line("chaos: randomized schedules per target: "
-                                    + ", ".join(f"{k} {v}" for k, v in sorted(t.targets.items())))
+                                    + ", ".join(f"{k} {v}" for k, v in sorted(t.targets.items()))
+                                    + "; per source topic: " + ", ".join(f"{k} {v}" for k, v in sorted(t.sources.items()))
+                                    + "; PostgreSQL restarted: " + (", ".join(f"{k} {v}" for k, v in
+                                                                              sorted(t.pg_restarts.items())) or "0"))
     terminalreporter.write_line(f"chaos: {sum(t.faults.values())} faults fired: "
                                 + (", ".join(f"{k} {v}" for k, v in sorted(t.faults.items())) or "none"))
     for nodeid in t.failed:
@@ -120,6 +130,15 @@ def chaos_source(kafka):
     topic = f"chaos-{uuid.uuid4().hex[:8]}"
     chaos.create_topic(kafka.address, topic, PARTITIONS)
     chaos.produce(kafka.address, topic, chaos.source_records(HOURS, PER_HOUR, PARTITIONS))
+    yield {"topic": topic, "kafka_config": {"bootstrap.servers": kafka.address, "fetch.wait.max.ms": 10}}
+
+
+@pytest.fixture(scope="session")
+def chaos_skewed_source(kafka):
+    """As chaos_source, the orders stamped out of order (harness.chaos.skewed_source_records)."""
+    topic = f"chaos-skewed-{uuid.uuid4().hex[:8]}"
+    chaos.create_topic(kafka.address, topic, PARTITIONS)
+    chaos.produce(kafka.address, topic, chaos.skewed_source_records(HOURS, PER_HOUR, PARTITIONS))
     yield {"topic": topic, "kafka_config": {"bootstrap.servers": kafka.address, "fetch.wait.max.ms": 10}}
 
 
@@ -173,16 +192,32 @@ def make_pipeline(chaos_db, chaos_source, tmp_path):
                                                **{"root": tmp_path / "lake", **kwargs})
 
 
+@pytest.fixture(scope="session")
+def ledger_template(pg_server):
+    """A migrated, empty ledger database nobody connects to: scratch databases
+    are copies of it (CREATE DATABASE ... TEMPLATE), cheaper than migrating each."""
+    name = f"eos_chaos_template_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server.address, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = pg_server.address.rpartition("/")
+    Ledger(f"{base}/{name}").migrate()
+    yield name
+    with psycopg.connect(pg_server.address, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @contextlib.contextmanager
-def scratch_database(server_url: str):
-    """A fresh ledger database (for scenarios that sweep: the sweep is database-wide)."""
+def scratch_database(server_url: str, *, template: str | None = None):
+    """A fresh ledger database (for scenarios that sweep: the sweep is
+    database-wide): a copy of ``template`` (ledger_template), or migrated here."""
     name = f"eos_chaos_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     base, _, _ = server_url.rpartition("/")
     url = f"{base}/{name}"
     try:
-        Ledger(url).migrate()
+        if template is None:
+            Ledger(url).migrate()
         yield url
     finally:
         with psycopg.connect(server_url, autocommit=True) as admin:
@@ -212,21 +247,36 @@ def run_concurrently(cases: dict, fn, parallel: int) -> dict:
     return results
 
 
-class Batches:
-    """Cases run ``size`` at a time, ``parallel`` at once, when the first case
-    of a batch is asked for: each case's test item waits for its batch only,
-    so any number of cases runs to the end (no fixture holds them all) while
-    they still share the machine's idle time. ``keys`` in the order the tests
-    run (selected_params)."""
+class Rolling:
+    """Cases run in the background, ``parallel`` at once, started in the order
+    the tests will ask for them (``keys``, as selected_params lists them) and
+    at most ``ahead`` cases ahead of the test that asks: each case's test
+    waits for its own case only, so any number of cases runs to the end (no
+    fixture holds them all), and a worker that finishes a case starts the next
+    one at once (no batch waits for its slowest case)."""
 
-    def __init__(self, keys: list, fn, *, size: int, parallel: int):
-        self.keys, self.fn, self.parallel = keys, fn, parallel
-        self.batch_of = {key: n // max(1, size) for n, key in enumerate(keys)}
-        self.results: dict = {}
+    def __init__(self, keys: list, fn, *, parallel: int, ahead: int):
+        self.keys, self.fn, self.ahead = list(keys), fn, max(1, ahead)
+        self.position = {key: n for n, key in enumerate(self.keys)}
+        self.pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="chaos-case")
+        self.futures: dict = {}
+        self.started = 0
+
+    def _run(self, key):
+        try:
+            return self.fn(*key)
+        except BaseException as exc:  # noqa: BLE001 - reported by the case's test
+            return exc
 
     def result(self, key):
-        """The case's result (its exception, if it failed), running its batch if not run yet."""
-        if key not in self.results:
-            batch = [k for k in self.keys if self.batch_of[k] == self.batch_of[key] and k not in self.results]
-            self.results.update(run_concurrently({k: k for k in batch}, self.fn, self.parallel))
-        return self.results.pop(key)
+        """The case's result (its exception, if it failed); starts the cases up to ``ahead`` past it."""
+        last = min(len(self.keys), self.position[key] + 1 + self.ahead)
+        while self.started < last:
+            k = self.keys[self.started]
+            self.futures[k] = self.pool.submit(self._run, k)
+            self.started += 1
+        return self.futures.pop(key).result()
+
+    def close(self) -> None:
+        """Cancel the cases not started (a run stopped early: -x, Ctrl-C); wait for the running ones."""
+        self.pool.shutdown(wait=True, cancel_futures=True)

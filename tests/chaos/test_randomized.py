@@ -7,7 +7,11 @@ a time or several at once (a backfill), sometimes a window run twice at once,
 sometimes a sweeper with a zero timeout aborting attempts of runs in flight,
 zombie attempts that finish at random moments, a sweep, clears of committed
 windows (skip or replace), and the failed windows cleared round after round in
-random order until all are committed. It ends with verify clean against Kafka
+random order until all are committed; one schedule in five reads a topic whose
+timestamps are out of order (harness.chaos.skewed_source_records: decreasing
+across window boundaries, some records hours late); one in twenty restarts
+PostgreSQL during its first runs (fast or immediate shutdown, at a moment drawn
+from the seed), on a server of its own. It ends with verify clean against Kafka
 and the totals (see chaos.check).
 
 Every seed runs on every target (harness.chaos.TARGETS): PostgreSQL (its
@@ -18,8 +22,11 @@ topic, harness.chaos.ON_COMMITTED; on the embedded broker its windows run one
 at a time: a broker bug, harness.chaos.EMBEDDED_BROKER). A seed's PostgreSQL
 schedule is the one it drew before the other targets existed.
 
-    EOS_CHAOS_N     schedules to run per target (CI: 10; `make chaos N=200` runs more)
+    EOS_CHAOS_N     schedules to run per target (default 67: 201 in every `make test`;
+                    `make chaos N=2000` runs more)
     EOS_CHAOS_SEED  the first seed (default: random); schedule k uses seed + k
+    EOS_CHAOS_PARALLEL  schedules at once (default 4); EOS_CHAOS_AHEAD how many
+                    may run ahead of the test that reports them (default 2 x PARALLEL)
 
 A failing schedule names its seed and the command that runs it again.
 """
@@ -29,34 +36,51 @@ from __future__ import annotations
 import os
 import random
 
+import psycopg
 import pytest
-from conftest import PARALLEL, TALLY, Batches, new_pipeline, scratch_database, selected_params
+from conftest import PARALLEL, TALLY, Rolling, new_pipeline, scratch_database, selected_params
 
+from airflow_eos.embedded import PostgresServer
 from harness.chaos import TARGETS, Schedule, run_schedule
 
-N = int(os.environ.get("EOS_CHAOS_N") or 10)
+N = int(os.environ.get("EOS_CHAOS_N") or 67)
 BASE = int(os.environ.get("EOS_CHAOS_SEED") or random.SystemRandom().randrange(1, 10**6))
 SEEDS = [BASE + k for k in range(N)]
-# Schedules run together (PARALLEL at a time) before their tests report: a
-# batch, not the module, so that any N runs to the end.
-BATCH = int(os.environ.get("EOS_CHAOS_BATCH") or 2 * PARALLEL)
+# Schedules run in the background, PARALLEL at once, at most AHEAD ahead of
+# the test that reports them (conftest.Rolling): any N runs to the end.
+AHEAD = int(os.environ.get("EOS_CHAOS_AHEAD") or 2 * PARALLEL)
 TALLY.seeds = (f" (seeds {BASE}..{BASE + N - 1}" if N > 1 else f" (seed {BASE}") + f" on each of {', '.join(TARGETS)})"
 
 
 @pytest.fixture(scope="module")
-def schedules(request, pg_server, chaos_source, tmp_path_factory):
-    """The selected schedules, run BATCH at a time (PARALLEL at once) as their tests come."""
+def schedules(request, pg_server, ledger_template, chaos_source, chaos_skewed_source, tmp_path_factory):
+    """The selected schedules, PARALLEL at once, in the order their tests come."""
+    sources = {"ordered": chaos_source, "skewed": chaos_skewed_source}
+
     def one(target, seed):
         s = Schedule.draw(seed, target=target)
-        with scratch_database(pg_server.address) as url:
-            p = new_pipeline(url, chaos_source, f"r{seed}_{target}", on_committed=s.on_committed, mode=s.target_mode,
-                             mirror=s.mirror, max_records_per_task=s.max_records_per_task, target=target,
-                             root=tmp_path_factory.mktemp(f"lake{seed}"))
-            return run_schedule(s, p, tmp_path_factory.mktemp(f"seed{seed}"))
+        if s.pg_restart:  # a server of its own to restart, a durable database on it
+            with PostgresServer() as server, scratch_database(server.url) as url:
+                # Durable (the test servers run with synchronous_commit=off, whose acknowledged
+                # commits a crash loses), the ledger's migrations included: a checkpoint.
+                with psycopg.connect(server.url, autocommit=True) as admin:
+                    admin.execute(f'ALTER DATABASE "{url.rpartition("/")[2]}" SET synchronous_commit = on')
+                    admin.execute("CHECKPOINT")
+                return play(s, url, restart_postgres=server.restart)
+        with scratch_database(pg_server.address, template=ledger_template) as url:
+            return play(s, url)
+
+    def play(s, url, **kwargs):
+        p = new_pipeline(url, sources[s.source], f"r{s.seed}_{s.target}", on_committed=s.on_committed,
+                         mode=s.target_mode, mirror=s.mirror, max_records_per_task=s.max_records_per_task,
+                         target=s.target, root=tmp_path_factory.mktemp(f"lake{s.seed}"))
+        return s, run_schedule(s, p, tmp_path_factory.mktemp(f"seed{s.seed}"), **kwargs)
 
     keys = [(params["target"], params["seed"])
             for params in selected_params(request, "test_randomized_schedule_is_exactly_once")]
-    return Batches(keys, one, size=BATCH, parallel=PARALLEL)
+    rolling = Rolling(keys, one, parallel=PARALLEL, ahead=AHEAD)
+    yield rolling
+    rolling.close()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -65,4 +89,5 @@ def test_randomized_schedule_is_exactly_once(target, seed, schedules, tally):
     result = schedules.result((target, seed))
     if isinstance(result, BaseException):
         raise result
-    tally.add(result, schedule=target)
+    schedule, verdict = result
+    tally.add(verdict, schedule=target, source=schedule.source, pg_restart=schedule.pg_restart)

@@ -23,12 +23,14 @@ Spark job is replaced, by its Python stand-in (:func:`python_job`):
                                                                  commit.after_kafka_commit]
     abort     steps.abort (teardown, setup = plan)              [abort.inside]
 
-A step whose window has faults at its points runs in a child process (forked
-from a clean fork server) with ``EOS_FAULTS`` set, so ``crash`` really ends a
-process with exit code 137 with no ``finally``, no rollback and no abort, as a
-SIGKILLed worker; ``raise`` fails the task like any error. Other steps run
-in-process. Firings are counted in a per-window ``EOS_FAULTS_STATE`` directory,
-so ``point=crash*1`` fails the first try and lets the retry through.
+A step whose window has a ``crash`` fault at its points runs in a child process
+(forked from a clean fork server) with ``EOS_FAULTS`` set, so ``crash`` really
+ends a process with exit code 137 with no ``finally``, no rollback and no abort,
+as a SIGKILLed worker. Every other step runs in-process, its ``raise`` faults
+injected in its own thread only (airflow_eos.core.faults.injected): a raise fails
+the task like any error. Firings are counted in a per-window state directory
+(``EOS_FAULTS_STATE`` in a child), so ``point=crash*1`` fails the first try and
+lets the retry through.
 
 Airflow's semantics, as modelled:
 
@@ -84,6 +86,7 @@ from harness.chaos.source import (
     kafka_records,
     produce,
     record_value,
+    skewed_source_records,
     slug,
     source_records,
     spark_transform,
@@ -96,7 +99,7 @@ __all__ = [
     "TARGET_DDL", "TARGET_POINTS", "HOUR",
     "Harness", "Pipeline", "RunOutcome", "Schedule", "SparkStager", "StepFailed", "Verdict", "Zombie",
     "EMBEDDED_BROKER", "NotReady", "attempt_states", "published_lineage", "kafka_records", "mirrored_offsets",
-    "python_job", "slug",
+    "python_job", "skewed_source_records", "slug",
     "abort_step", "await_step", "check", "commit_step", "create_target_table", "create_topic",
     "faults_for", "plan_step", "produce", "record_value", "run_schedule", "run_step", "source_records",
     "spark_transform",

@@ -1,5 +1,6 @@
-"""Runs a pipeline's windows as DAG runs: each step in-process, or in a forked child
-with EOS_FAULTS when its window has faults at the step's points; retries, clears,
+"""Runs a pipeline's windows as DAG runs: each step in-process (its ``raise`` faults
+injected in its thread), or in a forked child with EOS_FAULTS when its window has a
+``crash`` fault at the step's points; retries, clears,
 backfills, the teardown, the sweep; zombie attempts.
 """
 
@@ -24,6 +25,7 @@ from airflow_eos import steps
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.faults import ENV as FAULTS_ENV
 from airflow_eos.core.faults import STATE_ENV as FAULTS_STATE_ENV
+from airflow_eos.core.faults import injected
 from airflow_eos.core.windows import WindowPlan
 from harness.chaos.pipeline import (
     POINT_STEPS,
@@ -87,13 +89,20 @@ def _child(conn, faults: str, state_dir: str, fn: Callable, args: tuple) -> None
 
 
 def run_step(fn: Callable, *args, faults: str = "", state_dir: str | os.PathLike | None = None) -> Any:
-    """``fn(*args)``, in-process when ``faults`` is empty, else in a child with
-    EOS_FAULTS=faults. Raises StepFailed when it fails or its process dies."""
-    if not faults:
+    """``fn(*args)`` with the faults ``faults``: in-process when none of them
+    crashes (a ``raise`` fires in the calling thread only:
+    airflow_eos.core.faults.injected), else in a child with EOS_FAULTS=faults,
+    so that a crash ends a process of its own. Raises StepFailed when it fails
+    or its process dies."""
+    if not crashes(faults):
         try:
-            return fn(*args)
+            with injected(faults, state_dir):
+                return fn(*args)
         except Exception as exc:
-            raise StepFailed(f"{type(exc).__name__}: {exc}", error=type(exc).__name__) from exc
+            # Not chained: the traceback's frames (connections, consumers, a
+            # half-read generator) are freed now, as a failed task's process ends.
+            failed = StepFailed(f"{type(exc).__name__}: {exc}", error=type(exc).__name__)
+        raise failed
     ctx = _context()
     receiver, sender = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(sender, faults, str(state_dir), fn, args), daemon=True)
@@ -118,10 +127,15 @@ def run_step(fn: Callable, *args, faults: str = "", state_dir: str | os.PathLike
     raise StepFailed(message[2], error=message[1])
 
 
+def crashes(faults: str) -> bool:
+    """Whether a fault spec (EOS_FAULTS syntax) has a ``crash``: a step with one needs a process of its own."""
+    return any(item.partition("=")[2].partition("*")[0].strip() == "crash" for item in faults.split(","))
+
+
 def faults_for(spec: str, step: str, state_dir: Path | None = None) -> str:
     """The part of a fault spec that can fire in ``step``: without the faults
     whose every firing (``point=action*N``) is claimed in ``state_dir``
-    already, which can fire no more. A step with no fault left runs
+    already, which can fire no more. A step with no crash left runs
     in-process: most of a schedule's steps, as a child process costs seconds
     on a busy machine."""
     items = [item.strip() for item in spec.split(",") if item.strip()]

@@ -23,12 +23,20 @@ from airflow_eos.core.sink import Sink
 from airflow_eos.core.source import KafkaLog
 from airflow_eos.core.target import TargetSpec
 from airflow_eos.core.windows import TopicPartition, Window, WindowPlan
+from airflow_eos.spark import kafka_ranges
 from airflow_eos.targets.files import FileTarget
 from airflow_eos.targets.kafka import KafkaTarget
 from airflow_eos.targets.postgres.target import PostgresTarget
 from harness.chaos.source import HOUR, T0, transform_batch
 
 log = logging.getLogger(__name__)
+
+# The job's reader asks consume() for a batch of 10,000 records and waits up to
+# 50 ms for it: every read task of these windows (5-40 records) waits the 50 ms
+# in full, 0.3 s of a 0.45 s stage step. Only a wait: the reader reads until its
+# range's end whatever it is, and its end-of-log checks go by wall-clock time.
+# Loaded with harness.chaos, so the fork server's children read the same way.
+kafka_ranges._CONSUME_WAIT_S = 0.005
 
 STEPS = ("plan", "stage", "await_checkpoint", "commit")
 TEARDOWN = "abort"

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
+
+from airflow_eos.core.errors import LedgerUnavailable
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 from harness.chaos.checks import Verdict, check
 from harness.chaos.driver import Harness, Zombie
 from harness.chaos.pipeline import ACTIONS, EMBEDDED_BROKER, ON_COMMITTED, TARGET_POINTS, Pipeline
 
 # --------------------------------------------------------------------------- randomized schedules
+
+SKEWED = 0.2  # the share of schedules that read the topic of skewed timestamps (it costs nothing more)
+# The share of schedules that restart PostgreSQL: each needs a server of its own (~2 s to start).
+PG_RESTART = 0.05
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,14 @@ class Schedule:
     sweep_during: bool = False
     target_mode: str = "replace_window"  # how the PostgreSQL target publishes (replace_window or partition_per_window)
     target: str = "postgres"  # one of TARGETS: chosen by the caller, not drawn (a seed replays on its target)
+    # The source topic: "ordered" (source_records) or "skewed" (skewed_source_records: timestamps
+    # out of order, decreasing across window boundaries, some hours late).
+    source: str = "ordered"
+    # PostgreSQL restarted during the first runs (pg_ctl's shutdown mode: fast, or
+    # immediate = a crash), at pg_restart_after seconds; None: not restarted. Such a
+    # schedule runs on a server of its own (the caller's), its database durable.
+    pg_restart: str | None = None
+    pg_restart_after: float = 0.0
 
     @classmethod
     def draw(cls, seed: int, *, max_windows: int = 5, target: str = "postgres") -> "Schedule":
@@ -71,20 +87,24 @@ class Schedule:
             reruns=tuple(rng.choices(range(n), k=rng.choice((0, 1, 2)))),
             sweep_between=rng.random() < 0.5,
             sweep_during=rng.random() < 0.25,
-            target_mode=rng.choice(("replace_window", PARTITION_PER_WINDOW)),  # drawn last: older seeds replay
+            target_mode=rng.choice(("replace_window", PARTITION_PER_WINDOW)),  # drawn after the above: older
+            source="skewed" if rng.random() < SKEWED else "ordered",  # seeds replay (new draws go last)
+            pg_restart=(rng.random() < PG_RESTART) and rng.choice(("fast", "immediate")) or None,
+            pg_restart_after=round(rng.uniform(0.05, 1.5), 3),
             target=target,
         )
 
     def __str__(self) -> str:
         faults = "; ".join(f"w{i}: {spec}" for i, spec in sorted(self.faults.items())) or "none"
         target = f"target mode={self.target_mode}" if self.target == "postgres" else f"target={self.target}"
-        return (f"schedule seed={self.seed}: {self.windows} windows, {target}, "
+        return (f"schedule seed={self.seed}: {self.windows} windows, {target}, source={self.source}, "
                 f"on_committed={self.on_committed}, "
                 f"retries={self.retries}, parallel={self.parallel}, mirror={self.mirror}, "
                 f"max_records_per_task={self.max_records_per_task}, first runs {list(self.order)}, "
                 f"zombies {list(self.zombies)}, reruns {list(self.reruns)}, sweep={self.sweep_between}, "
                 f"sweep_during={self.sweep_during}; "
-                f"faults: {faults}")
+                + (f"PostgreSQL restarted ({self.pg_restart}) at {self.pg_restart_after}s; " if self.pg_restart else "")
+                + f"faults: {faults}")
 
 
 def _parallel(drawn: int, target: str) -> int:
@@ -97,26 +117,46 @@ def _parallel(drawn: int, target: str) -> int:
 
 def _sweep_until(h: Harness, stop: threading.Event, rng: random.Random) -> None:
     while not stop.wait(rng.uniform(0.02, 0.4)):
-        h.sweep()
+        try:
+            h.sweep()
+        except (LedgerUnavailable, psycopg.OperationalError) as exc:  # the database restarting: sweep again later
+            h.note(f"sweep failed: {type(exc).__name__}: {exc}")
 
 
-def run_schedule(s: Schedule, p: Pipeline, state_root: Path) -> "Verdict":
+def _restart_at(h: Harness, s: Schedule, restart: Callable[[str], None], over: threading.Event) -> None:
+    if over.wait(s.pg_restart_after):
+        h.note("the first runs ended before the restart: PostgreSQL restarted after them")
+    h.note(f"PostgreSQL restarting ({s.pg_restart})")
+    restart(s.pg_restart or "fast")
+    h.note("PostgreSQL back")
+
+
+def run_schedule(s: Schedule, p: Pipeline, state_root: Path, *,
+                 restart_postgres: Callable[[str], None] | None = None) -> "Verdict":
     """Play a schedule on a fresh pipeline (in a database of its own: the sweep
-    is database-wide) and check the result. Raises AssertionError naming the seed."""
+    is database-wide) and check the result. Raises AssertionError naming the seed.
+    ``restart_postgres(mode)`` restarts the pipeline's server (``s.pg_restart``)."""
+    if s.pg_restart and restart_postgres is None:
+        raise ValueError(f"schedule seed={s.seed} restarts PostgreSQL: give it a server of its own to restart")
     rng = random.Random(s.seed * 7919 + 1)
     h = Harness(p, state_root, faults=dict(s.faults), retries=s.retries)
     h.note(str(s))
     stop = threading.Event()
     sweeper = threading.Thread(target=_sweep_until, args=(h, stop, random.Random(s.seed * 31 + 7)), daemon=True)
+    restarter = threading.Thread(target=_restart_at, args=(h, s, restart_postgres, stop), daemon=True)
     try:
         if s.sweep_during:
             sweeper.start()
+        if s.pg_restart:
+            restarter.start()
         try:
             first = h.run_many(s.order, parallel=s.parallel)
         finally:
             stop.set()
             if sweeper.is_alive():
                 sweeper.join(60)
+            if restarter.is_alive():  # the server is back before the recoveries start
+                restarter.join(60)
         committed = {o.window for o in first if o.state == "success"}
         zombies = []
         for i in s.zombies:

@@ -52,6 +52,33 @@ def source_records(hours: int, per_hour: int, partitions: int, *, start: datetim
     return out
 
 
+# How far a record of skewed_source_records may be stamped from its place, either
+# way: below the planner's max_timestamp_skew (1 hour), so no cut is a skewed one.
+JITTER = timedelta(minutes=20)
+LATE = timedelta(hours=2)  # how late every 11th record of skewed_source_records is stamped
+
+
+def skewed_source_records(hours: int, per_hour: int, partitions: int, *,
+                          start: datetime = T0) -> list[tuple[int, int, bytes]]:
+    """source_records' orders, stamped out of order as producers with their
+    own clocks stamp them: each record up to JITTER off its place either way
+    (timestamps decrease within a partition, across window boundaries too:
+    a window's cut can be a record of the hour before, followed by older
+    ones), every 11th record LATE; none before ``start``; the closing records
+    as they are, so every window still closes. Deterministic (a fixed seed)."""
+    import random
+
+    rng = random.Random(20261124)
+    records = source_records(hours, per_hour, partitions, start=start)
+    body, closing = records[:-partitions], records[-partitions:]
+    jitter, late, floor = int(JITTER.total_seconds() * 1000), int(LATE.total_seconds() * 1000), to_millis(start)
+    out = []
+    for k, (partition, ts, value) in enumerate(body):
+        stamped = ts - late if k % 11 == 7 else ts + rng.randint(-jitter, jitter)
+        out.append((partition, max(floor, stamped), value))
+    return out + closing
+
+
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, int, bytes]]) -> None:
     from confluent_kafka import Producer
 
