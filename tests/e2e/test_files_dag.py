@@ -22,7 +22,7 @@ from airflow_eos.verify import verify
 
 from harness.full_disk import fill, small_file_system
 
-from conftest import register_dag, run_window, states  # tests/e2e/conftest.py
+from conftest import register_dag, run_window, states, use_spark_connect  # tests/e2e/conftest.py
 from test_orders_dag import HOUR, T0, fresh_topic, load_dag, produce_orders, sql, window_date
 
 pytestmark = pytest.mark.slow
@@ -254,12 +254,14 @@ def test_clearing_a_committed_window_with_replace_swaps_its_directory(airflow_co
 
 
 def test_a_full_disk_fails_the_window_saying_so_publishes_nothing_and_a_clear_reruns_it_once(
-        airflow_connections, kafka_config, topics, monkeypatch, run_after, spark):
+        airflow_connections, kafka_config, topics, monkeypatch, run_after, spark, connect_server):
     """The example DAG, the stage job by spark-submit, the root on a real tmpfs
     that a ballast file fills: both tries of the stage fail at Spark's first
     Parquet write, with an error that says the disk is full and where; the abort
     deletes the staging, nothing is published. With space freed, a Clear of the
-    run publishes the window once."""
+    run publishes the window once (staged on the session's warm Spark Connect
+    server: the rerun's Spark job is not what this test is about, and a third
+    spark-submit cost ~40 s)."""
     pg_url = airflow_connections
     fresh_topic(topics, "orders")
     counts = produce_orders(topics, hours=1)
@@ -280,6 +282,7 @@ def test_a_full_disk_fails_the_window_saying_so_publishes_nothing_and_a_clear_re
         assert os.listdir(root) == ["_eos_staging"] and staging_left(root) == []  # nothing published, nothing left
 
         os.unlink(ballast)  # space freed
+        use_spark_connect(monkeypatch, connect_server)
         rerun = run_window(dag, window_date(0), run_after(0))  # the UI's Clear of the run
         assert rerun.run_id == run.run_id and rerun.state == "success", states(rerun)
         assert [s for _, s, _ in sql(pg_url, "SELECT epoch, state, reason FROM eos.attempts ORDER BY epoch")] == [
