@@ -33,6 +33,8 @@ _MIGRATION_LOCK = 0x656F735F6D6967  # "eos_mig"
 # First key of the two-key advisory lock on a target's claims (the second is a
 # hash of the target); two-key locks never collide with the one-key one above.
 _CLAIM_LOCK = 0x656F7374  # "eost"
+# First key of the two-key advisory lock on a pipeline's offsets mirror.
+_MIRROR_LOCK = 0x656F736D  # "eosm"
 
 
 class WindowState(str, Enum):
@@ -191,6 +193,13 @@ class Ledger:
         held for the freezing transaction costs nothing and removes every race."""
         conn.execute("INSERT INTO eos.pipelines (pipeline) VALUES (%s) ON CONFLICT DO NOTHING", (pipeline,))
         conn.execute("SELECT 1 FROM eos.pipelines WHERE pipeline = %s FOR UPDATE", (pipeline,))
+
+    def lock_mirror(self, conn: psycopg.Connection, pipeline: str) -> None:
+        """Serialise the offsets mirrors of one pipeline (held for the
+        transaction, across the mirror's Kafka call): see steps.commit. An
+        advisory lock, not the pipeline row, so that commits never wait on
+        Kafka; a hash collision only serialises two pipelines' mirrors."""
+        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIRROR_LOCK, pipeline))
 
     # ------------------------------------------------------------------ reading a pipeline
 

@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from conftest import new_pipeline, scratch_database
 
+from airflow_eos import steps
 from airflow_eos.core.errors import LogTruncated
 from airflow_eos.core.sink import PUBLISHED
 from airflow_eos.embedded import EmbeddedBroker
@@ -101,6 +102,53 @@ def test_commits_of_different_windows_of_one_pipeline_at_once(target, mode, make
     for i in windows:  # the teardowns
         p.target.abort_window(p.window(i), "teardown")
     tally.add(check(h, windows))
+
+
+class CommitHeld:
+    """The target, but its commit returns only when the test releases it: a
+    commit step descheduled between its transaction and the offsets mirror."""
+
+    def __init__(self, target):
+        self.target, self.committed, self.release = target, threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def commit(self, attempt):
+        result = self.target.commit(attempt)
+        self.committed.set()
+        assert self.release.wait(120), "the test never released the held commit"
+        return result
+
+
+@pytest.mark.parametrize(("target", "mode"), CELLS, ids=CELL_IDS)
+def test_commit_steps_ending_together_leave_the_mirror_where_the_ledger_ends(target, mode, make_pipeline, tmp_path,
+                                                                             tally):
+    """Regression (the N=2000 chaos soak, seeds 20263402 and 20263493): each
+    commit step mirrored the offsets its own transaction saw, so two commits of
+    one pipeline ending together could mirror in the wrong order, and the
+    consumer group stayed behind the ledger for good. Window 0's commit step
+    is held after its transaction (offsets: window 0's end) while window 1's
+    commits and mirrors (window 1's end); then window 0's mirrors. The group
+    must end at window 1's end, where the ledger ends."""
+    p = make_pipeline(f"mirror_race_{target}", mode=mode, target=target, mirror=True)
+    h = Harness(p, tmp_path)
+    mirror = steps.OffsetMirror(dict(p.kafka_config), p.mirror_group)
+    attempts = {i: staged_and_prepared(p, i) for i in (0, 1)}
+    held = CommitHeld(p.target)
+    first: list = []
+    late = threading.Thread(daemon=True, target=lambda: first.append(steps.commit(held, attempts[0], mirror=mirror)))
+    late.start()
+    assert held.committed.wait(120), "window 0's commit never committed"
+    second = steps.commit(p.target, attempts[1], mirror=mirror)
+    held.release.set()
+    late.join(120)
+    assert not late.is_alive() and len(first) == 1, "window 0's commit step did not finish"
+    for i, summary in ((0, first[0]), (1, second)):
+        assert summary.outcome == PUBLISHED and summary.mirrored_to == p.mirror_group, (i, summary)
+        h.emitted(i, PUBLISHED)
+        p.target.abort_window(p.window(i), "teardown")
+    tally.add(check(h, [0, 1]))  # the mirrored group equal to the ledger among the checks
 
 
 # --------------------------------------------------------------------------- a sweep racing a commit
