@@ -83,10 +83,18 @@ def tally():
     return TALLY
 
 
+# A soak runs for hours and pytest prints failures only at its end: with this
+# set, each failure's report is appended to the file the moment it fails.
+FAILLOG = os.environ.get("EOS_CHAOS_FAILLOG")
+
+
 def pytest_runtest_logreport(report):
     if report.failed and "chaos/" in report.nodeid.replace("\\", "/"):
         TALLY.violations += 1
         TALLY.failed.append(report.nodeid)
+        if FAILLOG:
+            with open(FAILLOG, "a", encoding="utf-8") as out:
+                out.write(f"==== {report.nodeid} [{report.when}]\n{report.longreprtext}\n")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
