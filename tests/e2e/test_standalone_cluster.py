@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -58,11 +59,12 @@ def master_state(webui_port: int) -> dict:
 
 
 def master_workers(webui_port: int) -> list[dict]:
-    """The workers the master knows; none while its web UI is still starting
-    (it may answer with an HTML page before its JSON view is attached)."""
+    """The workers the master knows; none while its web UI is still starting:
+    its port opens before its JSON view is attached, and in between it answers
+    with an HTML page or with 404 (CI saw the 404 on a loaded machine)."""
     try:
         return master_state(webui_port).get("workers", [])
-    except ValueError:
+    except (ValueError, urllib.error.HTTPError):
         return []
 
 
