@@ -41,7 +41,7 @@ import pytest
 from conftest import PARALLEL, TALLY, Rolling, new_pipeline, scratch_database, selected_params
 
 from airflow_eos.embedded import PostgresServer
-from harness.chaos import TARGETS, Schedule, run_schedule
+from harness.chaos import TARGETS, Schedule, delete_topic, run_schedule
 
 N = int(os.environ.get("EOS_CHAOS_N") or 67)
 BASE = int(os.environ.get("EOS_CHAOS_SEED") or random.SystemRandom().randrange(1, 10**6))
@@ -74,10 +74,16 @@ def schedules(request, pg_server, ledger_template, chaos_source, chaos_skewed_so
         p = new_pipeline(url, sources[s.source], f"r{s.seed}_{s.target}", on_committed=s.on_committed,
                          mode=s.target_mode, mirror=s.mirror, max_records_per_task=s.max_records_per_task,
                          target=s.target, root=tmp_path_factory.mktemp(f"lake{s.seed}"))
-        return s, run_schedule(s, p, tmp_path_factory.mktemp(f"seed{s.seed}"), **kwargs)
+        verdict = run_schedule(s, p, tmp_path_factory.mktemp(f"seed{s.seed}"), **kwargs)
+        if p.target_topic:  # checked; a failed schedule keeps its topic for whoever reads the report
+            delete_topic(p.kafka_config["bootstrap.servers"], p.target_topic)
+        return s, verdict
 
     keys = [(params["target"], params["seed"])
             for params in selected_params(request, "test_randomized_schedule_is_exactly_once")]
+    # Made once, here: the first call clears a --basetemp, and two schedule threads
+    # making it at once collided (FileExistsError in the first two schedules).
+    tmp_path_factory.getbasetemp()
     rolling = Rolling(keys, one, parallel=PARALLEL, ahead=AHEAD)
     yield rolling
     rolling.close()
