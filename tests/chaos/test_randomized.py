@@ -20,7 +20,8 @@ publishing mode drawn from the seed), the file target and the Kafka target
 clear of a committed window always skips: ``replace`` does not exist for a
 topic, harness.chaos.ON_COMMITTED; on the embedded broker its windows run one
 at a time: a broker bug, harness.chaos.EMBEDDED_BROKER). A seed's PostgreSQL
-schedule is the one it drew before the other targets existed.
+schedule is the one it drew before the other targets existed. They run seed
+by seed, each seed on every target in turn (conftest.pytest_collection_modifyitems).
 
     EOS_CHAOS_N     schedules to run per target (default 67: 201 in every `make test`;
                     `make chaos N=2000` runs more)
