@@ -1,7 +1,8 @@
 """Connecting to the target database (which holds the ledger), and keeping its
 password out of every message.
 
-Every connection the package opens goes through :func:`connect`, and every text
+Every connection the package opens goes through :func:`connect` (or
+:func:`reused`, which hands a thread back the connections it finished with), and every text
 that may hold a connection string — an error, a log line, a ``repr`` — goes
 through :func:`redact`. libpq echoes the conninfo it could not parse (``missing
 "=" after "postgresql+psycopg2://user:PASSWORD@…"``), so a driver's message is
@@ -18,8 +19,13 @@ Percent-encoded characters are decoded, as libpq does.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import re
+import threading
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, quote, unquote
 
@@ -177,3 +183,112 @@ def connect(url: str, purpose: str, *, autocommit: bool = True, connect_timeout:
         detail = redact(str(exc), url)
         error = ConfigurationError(f"{redact(url)} is not a usable database URL: {detail.strip()}; give {_FORMS}")
     raise error
+
+
+# ------------------------------------------------------------------ reuse
+
+# A window's steps open the ledger a dozen times each (claim, plan, each state
+# change, the commit) and a new PostgreSQL session costs the server a fork,
+# authentication and cold catalog caches: ~10 ms of CPU, against ~0.3 ms for a
+# query on a warm session (measured here). In the chaos soak new sessions were
+# most of the database's CPU. So a thread keeps the few connections it finished
+# with, reset, for its next ones.
+IDLE_LIMIT_S = 30.0  # an idle connection older than this is closed, not reused
+IDLE_PER_THREAD = 4  # idle connections a thread keeps, the oldest closed first
+
+
+# DISCARD ALL but its DEALLOCATE ALL and DISCARD PLANS: the prepared statements
+# stay, and psycopg, which prepares a query it has run 5 times, keeps knowing
+# them (after a second DISCARD ALL on a connection it did not forget them and
+# ran one the server no longer had: "prepared statement _pg3_0 does not exist").
+_RESET = "CLOSE ALL; RESET ALL; UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES"
+
+
+class _Idle(threading.local):
+    """This thread's idle connections, oldest first: [(key, connection, since)]."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.conns: list[tuple[tuple, psycopg.Connection, float]] = []
+
+
+_idle = _Idle()
+# Sessions of the parent, copied into a forked child: never used nor closed
+# there (closing would end them for the parent), so kept from the collector.
+_forked_away: list = []
+
+
+def _idle_conns() -> list[tuple[tuple, psycopg.Connection, float]]:
+    """This thread's idle connections, those past IDLE_LIMIT_S closed."""
+    if _idle.pid != os.getpid():
+        _forked_away.append(_idle.conns)
+        _idle.conns, _idle.pid = [], os.getpid()
+    now, idle = time.monotonic(), _idle.conns
+    while idle and now - idle[0][2] > IDLE_LIMIT_S:
+        idle.pop(0)[1].close()
+    return idle
+
+
+def close_idle() -> None:
+    """Close the connections this thread keeps for reuse: before dropping a
+    database, or using it as a template, from the thread that used it."""
+    idle = _idle_conns()
+    while idle:
+        idle.pop()[1].close()
+
+
+def _take(key: tuple) -> psycopg.Connection | None:
+    """An idle connection of this thread for ``key`` that still answers, or None."""
+    idle = _idle_conns()
+    for i in range(len(idle) - 1, -1, -1):
+        if idle[i][0] == key:
+            conn = idle.pop(i)[1]
+            try:
+                conn.execute("SELECT 1")  # a restarted server, a dropped database: take none
+                return conn
+            except Exception:  # noqa: BLE001 - any failure means: not this one
+                conn.close()
+    return None
+
+
+def _give_back(key: tuple, conn: psycopg.Connection) -> None:
+    """Keep ``conn`` for this thread's next use, as a new one would be: its
+    transaction rolled back (as closing it would), its session reset (_RESET:
+    temp tables, settings, locks); or close it
+    if it cannot be (broken, or interrupted in the middle of a statement)."""
+    from psycopg.pq import TransactionStatus
+    try:
+        if conn.closed or conn.broken or conn.info.transaction_status == TransactionStatus.ACTIVE:
+            raise ConnectionError
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.rollback()
+        conn.autocommit = True
+        conn.execute(_RESET)
+    except Exception:  # noqa: BLE001 - not reusable: closed below
+        conn.close()
+        return
+    idle = _idle_conns()
+    idle.append((key, conn, time.monotonic()))
+    while len(idle) > IDLE_PER_THREAD:
+        idle.pop(0)[1].close()
+
+
+@contextlib.contextmanager
+def reused(url: str, purpose: str, *, autocommit: bool = True,
+           connect_timeout: int = 10) -> Iterator[psycopg.Connection]:
+    """A connection as :func:`connect` makes one, for the block: one this thread
+    finished with (reset, checked with a round trip) when there is one, else a
+    new one. After the block it is kept as closing would leave it (an open
+    transaction rolled back, session state discarded) for IDLE_LIMIT_S at most,
+    or closed. A thread keeps IDLE_PER_THREAD at most; they close with it."""
+    key = (url, purpose, connect_timeout)
+    conn = _take(key)
+    if conn is None:
+        conn = connect(url, purpose, autocommit=autocommit, connect_timeout=connect_timeout)
+    else:
+        conn.autocommit = autocommit
+        conn.isolation_level = conn.read_only = conn.deferrable = None
+    try:
+        yield conn
+    finally:
+        _give_back(key, conn)

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from airflow_eos.core.database import connect, redact
+from airflow_eos.core.database import redact, reused
 from airflow_eos.core.errors import LedgerUnavailable, WindowConflict
 from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS
 from airflow_eos.core.ownership import Claim
@@ -93,11 +93,11 @@ class Ledger:
 
     @contextlib.contextmanager
     def connect(self) -> Iterator[psycopg.Connection]:
-        conn = connect(self.url, "ledger", autocommit=False, connect_timeout=self.connect_timeout)
-        try:
+        """A connection in a transaction of its own (not autocommit): what is not
+        committed in the block is rolled back after it. Reused within a thread
+        (core.database.reused): a step opens the ledger many times."""
+        with reused(self.url, "ledger", autocommit=False, connect_timeout=self.connect_timeout) as conn:
             yield conn
-        finally:
-            conn.close()
 
     # ------------------------------------------------------------------ schema
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from airflow_eos.core.database import close_idle
 from airflow_eos.core.ledger import Ledger
 from harness import chaos
 
@@ -225,6 +226,7 @@ def ledger_template(pg_server):
         admin.execute(f'CREATE DATABASE "{name}"')
     base, _, _ = pg_server.address.rpartition("/")
     Ledger(f"{base}/{name}").migrate()
+    close_idle()  # the migration's connection, kept for reuse: a template must have none
     yield name
     with psycopg.connect(pg_server.address, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
