@@ -297,7 +297,8 @@ def create_databases(bench: Bench, dbnames: dict[str, str]) -> dict[str, str]:
     urls = {}
     for mode, dbname in dbnames.items():
         with psycopg.connect(bench.pg_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')  # FORCE: this process's ledger connections may still be idle in it (core.database.reused)
+            # FORCE: this process's ledger connections may still be idle in it (core.database.reused)
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{dbname}"')
         urls[mode] = make_conninfo(bench.pg_url, dbname=dbname)
         with psycopg.connect(urls[mode], autocommit=True) as conn:
