@@ -237,6 +237,14 @@ def close_idle() -> None:
         idle.pop()[1].close()
 
 
+def _ends_idle(conn: psycopg.Connection) -> bool:
+    """Whether the server can end a session idle too long (PostgreSQL 14+).
+    A kept connection is only closed on this side when its thread next opens
+    one; a thread that never does (a long-lived API server's or triggerer's)
+    would hold it for good. So the server itself ends it after IDLE_LIMIT_S."""
+    return conn.info.server_version >= 140000
+
+
 def _take(key: tuple) -> psycopg.Connection | None:
     """An idle connection of this thread for ``key`` that still answers, or None."""
     idle = _idle_conns()
@@ -244,7 +252,10 @@ def _take(key: tuple) -> psycopg.Connection | None:
         if idle[i][0] == key:
             conn = idle.pop(i)[1]
             try:
-                conn.execute("SELECT 1")  # a restarted server, a dropped database: take none
+                # The round trip that proves it alive (a restarted server, a
+                # dropped database, the server's idle timeout: take none), and
+                # the server's own idle timeout back to what a new session has.
+                conn.execute("RESET idle_session_timeout" if _ends_idle(conn) else "SELECT 1")
                 return conn
             except Exception:  # noqa: BLE001 - any failure means: not this one
                 conn.close()
@@ -264,6 +275,8 @@ def _give_back(key: tuple, conn: psycopg.Connection) -> None:
             conn.rollback()
         conn.autocommit = True
         conn.execute(_RESET)
+        if _ends_idle(conn):
+            conn.execute(f"SET idle_session_timeout = {max(1, int(IDLE_LIMIT_S * 1000))}")
     except Exception:  # noqa: BLE001 - not reusable: closed below
         conn.close()
         return

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import psycopg
 import pytest
@@ -142,6 +143,9 @@ def test_threads_never_share_and_idle_connections_are_bounded_in_number_and_age(
                             " AND datname = current_database()").fetchone()[0]
     assert kept == database.IDLE_PER_THREAD
 
+    # This side's age limit alone (as against a server before 14, which cannot
+    # end idle sessions itself; the next test covers the server's).
+    monkeypatch.setattr(database, "_ends_idle", lambda conn: False)
     monkeypatch.setattr(database, "IDLE_LIMIT_S", 0.0)
     with Ledger(pg_url).connect() as conn:
         old = conn.info.backend_pid
@@ -174,3 +178,22 @@ def test_a_forked_child_neither_uses_nor_ends_its_parents_connections(pg_url):
     assert child_pid not in (0, parent)
     with ledger.connect() as conn:
         assert conn.info.backend_pid == parent  # alive: the child did not end it
+
+
+def test_the_server_ends_a_kept_connection_its_thread_never_takes_again(pg_url, monkeypatch):
+    # A long-lived thread (an API server's, a triggerer's) may open the ledger
+    # once and never again: this side would never close what it keeps.
+    monkeypatch.setattr(database, "IDLE_LIMIT_S", 1.0)
+    with Ledger(pg_url).connect() as conn:
+        first = conn.info.backend_pid
+        assert conn.execute("SHOW idle_session_timeout").fetchone() == ("0",)  # not while in use
+    deadline = time.monotonic() + 15
+    while sessions(pg_url):
+        assert time.monotonic() < deadline, f"the kept session was never ended: {sessions(pg_url)}"
+        time.sleep(0.1)
+    monkeypatch.setattr(database, "IDLE_LIMIT_S", 30.0)  # this side still holds it as fresh
+    with Ledger(pg_url).connect() as conn:
+        assert conn.info.backend_pid != first  # the dead one was found out and replaced, no error
+        assert conn.execute("SHOW idle_session_timeout").fetchone() == ("0",)
+    with Ledger(pg_url).connect() as conn:
+        assert conn.execute("SHOW idle_session_timeout").fetchone() == ("0",)  # taken again: as a new session
