@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import threading
-import time
 import uuid
 from datetime import timedelta
 
@@ -28,6 +26,7 @@ from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
 from airflow_eos.core.windows import WindowPlan, to_millis
 from airflow_eos.embedded import EmbeddedBroker, PostgresServer
 from harness import chaos
+from harness.concurrency import Background, blocked_on_locks
 from harness.chaos import HOUR, T0, Harness, Zombie, check, plan_step, stage_attempt, staged_and_prepared
 
 WINDOWS = (0, 1)
@@ -64,36 +63,6 @@ def sql(url, query, *args):
     with psycopg.connect(url, autocommit=True) as conn:
         cur = conn.execute(query, args)
         return cur.fetchall() if cur.description else None
-
-
-def commits_blocked(url, count=1, timeout=15.0) -> list[int]:
-    """PIDs of commit connections once ``count`` of them wait for a lock."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = [r[0] for r in sql(url, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                                       " AND application_name LIKE 'airflow-eos commit%%'")]
-        if len(pids) >= count:
-            return pids
-        time.sleep(0.02)
-    raise AssertionError(f"{count} commit(s) never blocked")
-
-
-class Background(threading.Thread):
-    def __init__(self, fn, *args):
-        super().__init__(daemon=True)
-        self.fn, self.args, self.result, self.error = fn, args, None, None
-        self.start()
-
-    def run(self):
-        try:
-            self.result = self.fn(*self.args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            self.error = exc
-
-    def outcome(self, timeout=30):
-        self.join(timeout)
-        assert not self.is_alive(), "background call did not finish"
-        return self.result, self.error
 
 
 def finish(h, windows=WINDOWS, **kwargs):
@@ -163,7 +132,7 @@ def test_database_restarted_inside_the_commit_transaction(mode, target_mode, own
     gate = psycopg.connect(own_db)
     gate.execute("SELECT 1 FROM eos.pipelines WHERE pipeline = %s FOR UPDATE", (p.name,))
     commit = Background(p.target.commit, attempt)
-    [pid] = commits_blocked(own_db)
+    [pid] = blocked_on_locks(own_db, application="airflow-eos commit")
     [(query,)] = sql(own_db, "SELECT query FROM pg_stat_activity WHERE pid = %s", pid)
     assert "FROM eos.pipelines WHERE pipeline" in query  # rows inserted, not committed
     own_pg.restart(mode)
@@ -188,7 +157,7 @@ def test_committing_backend_terminated_after_publish(make_pipeline, chaos_db, tm
     with psycopg.connect(chaos_db) as gate:
         gate.execute("SELECT 1 FROM eos.pipelines WHERE pipeline = %s FOR UPDATE", (p.name,))
         commit = Background(p.target.commit, attempt)
-        [pid] = commits_blocked(chaos_db)
+        [pid] = blocked_on_locks(chaos_db, application="airflow-eos commit")
         sql(chaos_db, "SELECT pg_terminate_backend(%s)", pid)
         result, error = commit.outcome()
         gate.rollback()
@@ -212,7 +181,7 @@ def test_commits_racing_for_one_attempt_and_for_an_older_one(make_pipeline, chao
     with psycopg.connect(chaos_db) as gate:  # hold the window row so that all commits queue up
         gate.execute("SELECT 1 FROM eos.windows WHERE pipeline = %s FOR UPDATE", (p.name,))
         racers = [Background(p.target.commit, attempt) for _ in range(4)]
-        commits_blocked(chaos_db, count=4)
+        blocked_on_locks(chaos_db, 4, application="airflow-eos commit")
         gate.rollback()
     outcomes = sorted(r.outcome()[0].outcome for r in racers)
     assert outcomes == [ALREADY_COMMITTED] * 3 + [PUBLISHED]
@@ -222,7 +191,7 @@ def test_commits_racing_for_one_attempt_and_for_an_older_one(make_pipeline, chao
     with psycopg.connect(chaos_db) as gate:
         gate.execute("SELECT 1 FROM eos.windows WHERE pipeline = %s FOR UPDATE", (p.name,))
         racers = [Background(p.target.commit, a) for a in (older, newer, older)]
-        commits_blocked(chaos_db, count=3)
+        blocked_on_locks(chaos_db, 3, application="airflow-eos commit")
         gate.rollback()
     results = [r.outcome() for r in racers]
     assert results[1][0].outcome == PUBLISHED

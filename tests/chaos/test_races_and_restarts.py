@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 import uuid
 from datetime import timedelta
 
@@ -29,25 +28,13 @@ from airflow_eos.embedded import EmbeddedBroker
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 from airflow_eos.verify import verify
 from harness import chaos
+from harness.concurrency import blocked_on_locks
 from harness.chaos import Harness, check, plan_step, published_lineage, staged_and_prepared
 
 # (target, PostgreSQL mode) cells: every target, PostgreSQL in each mode.
 CELLS = [("postgres", "replace_window"), ("postgres", PARTITION_PER_WINDOW), ("files", "replace_window"),
          ("kafka", "replace_window")]
 CELL_IDS = ["postgres-replace_window", "postgres-partition_per_window", "files", "kafka"]
-
-
-def waiting_on_locks(url, count, timeout=20.0) -> None:
-    """Until ``count`` backends of the database wait on a lock."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with psycopg.connect(url, autocommit=True) as conn:
-            n = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                             " AND wait_event_type = 'Lock'").fetchone()[0]
-        if n >= count:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{count} backend(s) never waited on a lock")
 
 
 def at_once(calls) -> list[tuple[object, BaseException | None]]:
@@ -91,7 +78,7 @@ def test_commits_of_different_windows_of_one_pipeline_at_once(target, mode, make
         racing = threading.Thread(daemon=True, target=lambda: results.extend(at_once(
             [lambda i=i: p.target.commit(attempts[i]) for i in windows])))
         racing.start()
-        waiting_on_locks(p.url, len(windows))
+        blocked_on_locks(p.url, len(windows))
         gate.rollback()
     racing.join(120)
     assert len(results) == len(windows), results

@@ -29,6 +29,7 @@ from airflow_eos.core.errors import (
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW, PostgresTarget, StagingWriter
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, SKIPPED
 from airflow_eos.core.windows import TopicPartition, Window
+from harness.concurrency import Background, blocked_on_locks
 
 ORDERS_DDL = """
     CREATE SCHEMA analytics;
@@ -139,38 +140,6 @@ def staging_tables(url):
 def offsets(url, pipeline):
     with psycopg.connect(url) as conn:
         return load_offsets(conn, pipeline)
-
-
-def wait_for_commits_blocked(url, count=1, timeout=10.0):
-    """PIDs of the sink's commit connections once ``count`` of them wait for a lock."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = [r[0] for r in execute(url, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                                           " AND application_name LIKE 'airflow-eos commit%%'")]
-        if len(pids) >= count:
-            return pids
-        time.sleep(0.02)
-    raise AssertionError(f"{count} commit(s) never blocked")
-
-
-class Background(threading.Thread):
-    """Runs a call in a thread and keeps its result or exception."""
-
-    def __init__(self, fn, *args):
-        super().__init__(daemon=True)
-        self.fn, self.args, self.result, self.error = fn, args, None, None
-        self.start()
-
-    def run(self):
-        try:
-            self.result = self.fn(*self.args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            self.error = exc
-
-    def outcome(self, timeout=20):
-        self.join(timeout)
-        assert not self.is_alive(), "background call did not finish"
-        return self.result, self.error
 
 
 # --------------------------------------------------------------------------- the happy path
@@ -344,7 +313,7 @@ def test_racing_commits_publish_exactly_once(pg_url, orders, freeze_windows):
     with psycopg.connect(pg_url) as gate:  # hold the window row so both commits queue up behind it
         gate.execute("SELECT 1 FROM eos.windows FOR UPDATE")
         racers = [Background(PostgresTarget(pg_url, "analytics.orders", mode=orders.mode).commit, attempt) for _ in range(2)]
-        wait_for_commits_blocked(pg_url, count=2)
+        blocked_on_locks(pg_url, 2, application="airflow-eos commit")
         gate.rollback()
     outcomes = sorted(r.outcome(timeout=20)[0].outcome for r in racers)
     assert outcomes == [ALREADY_COMMITTED, PUBLISHED]
@@ -358,7 +327,7 @@ def test_a_commit_killed_midway_leaves_nothing_and_a_retry_commits_once(pg_url, 
         # The commit publishes its rows, then waits for the pipeline row to advance offsets.
         gate.execute("SELECT 1 FROM eos.pipelines FOR UPDATE")
         commit = Background(orders.commit, attempt)
-        [pid] = wait_for_commits_blocked(pg_url)
+        [pid] = blocked_on_locks(pg_url, application="airflow-eos commit")
         [(query,)] = execute(pg_url, "SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,))
         assert "FROM eos.pipelines WHERE pipeline" in query  # the rows are inserted, offsets come next
         assert published(pg_url) == []  # inserted, but not visible to anyone else
@@ -561,7 +530,7 @@ def test_replace_rerun_swaps_the_window_atomically_for_readers(pg_url, ledger, f
         watcher = threading.Thread(target=reader, daemon=True)
         watcher.start()
         commit = Background(target.commit, rerun)
-        wait_for_commits_blocked(pg_url)
+        blocked_on_locks(pg_url, application="airflow-eos commit")
         paused_at = len(seen)
         time.sleep(0.2)
         if mode == "replace_window":
@@ -651,7 +620,7 @@ def test_concurrent_commits_of_neighbouring_windows_leave_the_whole_prefix(pg_ur
     with psycopg.connect(pg_url) as gate:
         gate.execute("SELECT 1 FROM eos.pipelines FOR UPDATE")
         commits = [Background(PostgresTarget(pg_url, "analytics.orders", mode=orders.mode).commit, a) for a in attempts]
-        wait_for_commits_blocked(pg_url, count=2)  # both windows published, offsets not yet computed
+        blocked_on_locks(pg_url, 2, application="airflow-eos commit")  # both windows published, offsets not yet computed
         gate.rollback()
         results = [c.outcome()[0] for c in commits]
     assert sorted(r.outcome for r in results) == [PUBLISHED, PUBLISHED]
