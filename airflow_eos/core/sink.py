@@ -40,12 +40,13 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from enum import Enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, Checkpoint, ConsumedRange, Readiness, StagedChunk
+from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger, WindowRecord, WindowState
 from airflow_eos.core.windows import TopicPartition, Window
@@ -113,6 +114,20 @@ class SparkOutput:
 # record, the error, and the raw record.
 DEAD_LETTER_SCHEMA = (("topic", "string"), ("partition", "int"), ("offset", "long"), ("error", "string"),
                        ("key", "binary"), ("value", "binary"))
+
+
+def dead_letters_as_rows(dead_letters: Iterable) -> Iterator[tuple]:
+    """(topic, partition, offset, error, key, value) for each dead letter a
+    writer is given (Arrow batches or tables of DEAD_LETTER_SCHEMA's columns,
+    or mappings); one without its source record or its error raises TargetError:
+    a dead letter must trace to its record."""
+    for item in dead_letters:
+        records = [item] if isinstance(item, Mapping) else item.to_pylist()
+        for r in records:
+            missing = [k for k in ("topic", "partition", "offset", "error") if r.get(k) is None]
+            if missing:
+                raise TargetError(f"dead letter {r!r} lacks {missing}")
+            yield (r["topic"], int(r["partition"]), int(r["offset"]), str(r["error"]), r.get("key"), r.get("value"))
 
 
 def skip_committed(conn, attempt: Attempt, status) -> CommitResult:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from airflow_eos.core.attempt import StagedChunk
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
+from airflow_eos.core.sink import dead_letters_as_rows
 from airflow_eos.targets.files import fs
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ class FileWriter:
             rows = self._write_rows(os.path.join(self.data_dir, name), batches)
             if rows:
                 written.append(os.path.join(self.data_dir, name))
-            dead_rows = list(_dead_letter_rows(dead_letters))
+            dead_rows = list(dead_letters_as_rows(dead_letters))
             if dead_rows:
                 table = pa.Table.from_pylist([dict(zip(DEAD_LETTER_COLUMNS, r)) for r in dead_rows],
                                              schema=dead_letter_schema())
@@ -271,13 +272,3 @@ def _conform(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
             raise TargetError(f"a batch has the columns {table.schema.names}, the chunk's first batch "
                               f"{schema.names}: one chunk's rows share one schema")
         yield table.select(schema.names).cast(schema)
-
-
-def _dead_letter_rows(dead_letters: Iterable) -> Iterator[tuple]:
-    for item in dead_letters:
-        records = [item] if isinstance(item, Mapping) else item.to_pylist()
-        for r in records:
-            missing = [k for k in ("topic", "partition", "offset", "error") if r.get(k) is None]
-            if missing:
-                raise TargetError(f"dead letter {r!r} lacks {missing}")
-            yield (r["topic"], int(r["partition"]), int(r["offset"]), str(r["error"]), r.get("key"), r.get("value"))

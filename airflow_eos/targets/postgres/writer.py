@@ -17,7 +17,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,7 @@ from airflow_eos.core.attempt import StagedChunk
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import LedgerUnavailable, TargetError
 from airflow_eos.core.faults import fault_point
+from airflow_eos.core.sink import dead_letters_as_rows
 from airflow_eos.targets.postgres.encoding import (
     NUL_REFUSED,
     CopyFormat,
@@ -123,7 +124,7 @@ class StagingWriter:
                             copy.write(encoder.trailer())
                     with cur.copy(sql.SQL("COPY {} ({}, topic, partition, \"offset\", error, key, value) FROM STDIN")
                                   .format(dead_table, sql.Identifier(CHUNK_COLUMN))) as dl_copy:
-                        for record in _dead_letter_rows(dead_letters):
+                        for record in dead_letters_as_rows(dead_letters):
                             digest.update(repr(record).encode())
                             dl_copy.write_row((chunk, *record))
                             dead += 1
@@ -195,13 +196,3 @@ class StagingWriter:
                               f"unexpected: {unexpected}, missing: {missing}"
                               + (", duplicated names" if len(set(names)) != len(names) else ""))
         return list(names)
-
-
-def _dead_letter_rows(dead_letters: Iterable[pa.RecordBatch | pa.Table | Mapping]) -> Iterator[tuple]:
-    for item in dead_letters:
-        records = [item] if isinstance(item, Mapping) else item.to_pylist()
-        for r in records:
-            missing = [k for k in ("topic", "partition", "offset", "error") if r.get(k) is None]
-            if missing:
-                raise TargetError(f"dead letter {r!r} lacks {missing}")
-            yield (r["topic"], r["partition"], r["offset"], str(r["error"]), r.get("key"), r.get("value"))
