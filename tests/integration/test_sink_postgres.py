@@ -529,6 +529,13 @@ def test_replace_rerun_swaps_the_window_atomically_for_readers(pg_url, ledger, f
         gate.execute("SELECT 1 FROM eos.pipelines FOR UPDATE")  # pause the commit after it replaced the rows
         watcher = threading.Thread(target=reader, daemon=True)
         watcher.start()
+        # The reader's first read before the commit starts (on a loaded machine
+        # the commit could take the table's lock first, and the reader see only
+        # the new rows: seen[0] below).
+        deadline = time.monotonic() + 10
+        while not seen:
+            assert time.monotonic() < deadline, "the reader never read"
+            time.sleep(0.005)
         commit = Background(target.commit, rerun)
         blocked_on_locks(pg_url, application="airflow-eos commit")
         paused_at = len(seen)
