@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 SIZES ?= 10000,100000,1000000
-N ?= 200
+N ?= 201
 
 .PHONY: help setup demo test test-unit bench chaos
 
@@ -12,7 +12,7 @@ help:
 	@echo "make test       install everything needed (apt, .venv, embedded broker) and run the test suite"
 	@echo "make test-unit  only the pure-logic unit tests"
 	@echo "make bench      benchmark windows of SIZES records (default 10000,100000,1000000): bench/results.md"
-	@echo "make chaos      the fault-injection suite with N randomized schedules per target (N=200; EOS_CHAOS_SEED=S to pick seeds)"
+	@echo "make chaos      the fault-injection suite with N randomized schedules in all, spread over the targets (N=201; EOS_CHAOS_SEED=S to pick seeds)"
 
 setup:
 	@bash scripts/bootstrap.sh

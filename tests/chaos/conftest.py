@@ -91,7 +91,7 @@ FAILLOG = os.environ.get("EOS_CHAOS_FAILLOG")
 
 def pytest_collection_modifyitems(session, config, items):
     """Randomized schedules run seed by seed, each seed on every target in turn,
-    not target by target: a soak stopped early (``make chaos N=2000`` takes
+    not target by target: a soak stopped early (``make chaos N=6000`` takes
     about 3.5 h on a 2-core machine) has then covered every target alike,
     instead of leaving the Kafka target, which came last, barely touched.
     Their ids (``postgres-SEED``) stay as they are: a failure's

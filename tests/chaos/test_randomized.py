@@ -23,9 +23,11 @@ at a time: a broker bug, harness.chaos.EMBEDDED_BROKER). A seed's PostgreSQL
 schedule is the one it drew before the other targets existed. They run seed
 by seed, each seed on every target in turn (conftest.pytest_collection_modifyitems).
 
-    EOS_CHAOS_N     schedules to run per target (default 67: 201 in every `make test`;
-                    `make chaos N=2000` runs more)
-    EOS_CHAOS_SEED  the first seed (default: random); schedule k uses seed + k
+    EOS_CHAOS_N     randomized schedules to run in all, spread over the targets: that
+                    many seeds divided by the number of targets, rounded up, each on
+                    every target (default 201: 67 seeds, in every `make test`;
+                    `make chaos N=2000`: 667 seeds, 2,001 schedules)
+    EOS_CHAOS_SEED  the first seed (default: random); seed k is seed + k
     EOS_CHAOS_PARALLEL  schedules at once (default 4); EOS_CHAOS_AHEAD how many
                     may run ahead of the test that reports them (default 2 x PARALLEL)
 
@@ -34,6 +36,7 @@ A failing schedule names its seed and the command that runs it again.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 
@@ -44,7 +47,11 @@ from conftest import PARALLEL, TALLY, Rolling, new_pipeline, scratch_database, s
 from airflow_eos.embedded import PostgresServer
 from harness.chaos import TARGETS, Schedule, delete_topic, run_schedule
 
-N = int(os.environ.get("EOS_CHAOS_N") or 67)
+# A number of schedules in all, as the issue that asked for them counts them
+# ("200 randomized schedules ... spread over the targets"): a target added to
+# TARGETS takes its share instead of making every run longer by a third.
+SCHEDULES = int(os.environ.get("EOS_CHAOS_N") or 201)
+N = max(1, math.ceil(SCHEDULES / len(TARGETS)))  # seeds, each run on every target
 BASE = int(os.environ.get("EOS_CHAOS_SEED") or random.SystemRandom().randrange(1, 10**6))
 SEEDS = [BASE + k for k in range(N)]
 # Schedules run in the background, PARALLEL at once, at most AHEAD ahead of
