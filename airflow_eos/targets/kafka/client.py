@@ -124,8 +124,30 @@ def read_marker(kafka_config: Mapping[str, Any], group: str, topic: str,
 
 
 def _client(kafka_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The connection settings of a client (no consumer- or producer-only keys)."""
+    """The connection settings of a client (without the source's group and a transactional id)."""
     return {k: v for k, v in dict(kafka_config).items() if k not in ("group.id", "transactional.id")}
+
+
+# librdkafka's consumer-only properties (scope "C" in its CONFIGURATION.md; the
+# unit tests check each against the installed librdkafka). A target's Kafka
+# connection is often the source's, tuned for reading (fetch.wait.max.ms,
+# isolation.level, auto.offset.reset, ...): a producer or an admin client given
+# one logs a CONFWARN for it, in the log of every commit.
+CONSUMER_ONLY = frozenset({
+    "group.id", "group.instance.id", "group.protocol", "group.protocol.type", "group.remote.assignor",
+    "partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms", "coordinator.query.interval.ms",
+    "max.poll.interval.ms", "enable.auto.commit", "auto.commit.interval.ms", "auto.commit.enable",
+    "enable.auto.offset.store", "auto.offset.reset", "queued.min.messages", "queued.max.messages.kbytes",
+    "fetch.wait.max.ms", "fetch.queue.backoff.ms", "fetch.message.max.bytes", "max.partition.fetch.bytes",
+    "fetch.max.bytes", "fetch.min.bytes", "fetch.error.backoff.ms", "isolation.level", "enable.partition.eof",
+    "check.crcs", "consume.callback.max.messages", "offset.store.method", "offset.store.path",
+    "offset.store.sync.interval.ms", "share.acknowledgement.mode",
+})
+
+
+def _producer_client(kafka_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The connection settings of a producer or an admin client: no consumer-only keys."""
+    return {k: v for k, v in _client(kafka_config).items() if k not in CONSUMER_ONLY}
 
 
 def check_topic(kafka_config: Mapping[str, Any], topic: str) -> int:
@@ -134,7 +156,7 @@ def check_topic(kafka_config: Mapping[str, Any], topic: str) -> int:
     the broker's defaults)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
-    admin = AdminClient(_client(kafka_config))
+    admin = AdminClient(_producer_client(kafka_config))
     try:
         # Every topic, not this one: a metadata request naming a missing topic
         # lets the broker create it (the embedded broker does, with 4 partitions).
@@ -151,7 +173,7 @@ def check_topic(kafka_config: Mapping[str, Any], topic: str) -> int:
 
 def producer(kafka_config: Mapping[str, Any], tx_id: str, extra: Mapping[str, Any]):
     from confluent_kafka import Producer
-    config = {"linger.ms": 20, "batch.num.messages": 10000, **_client(kafka_config), **dict(extra),
+    config = {"linger.ms": 20, "batch.num.messages": 10000, **_producer_client(kafka_config), **dict(extra),
               "transactional.id": tx_id, "enable.idempotence": True, "acks": "all",
               "allow.auto.create.topics": False}
     return Producer(config)

@@ -1,0 +1,55 @@
+"""A Kafka target's producer and admin client take the connection's settings
+without the consumer-only ones (a target connection is often the source's,
+tuned for reading), so librdkafka logs no CONFWARN for them in every commit.
+Real librdkafka clients, no broker: creating one connects to nothing here."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from confluent_kafka import Producer
+
+from airflow_eos.targets.kafka import client
+
+# A value librdkafka accepts for each consumer-only property.
+VALUES = {
+    "group.id": "g", "group.instance.id": "i", "group.protocol": "classic", "group.protocol.type": "consumer",
+    "group.remote.assignor": "uniform", "partition.assignment.strategy": "range", "session.timeout.ms": 45000,
+    "heartbeat.interval.ms": 3000, "coordinator.query.interval.ms": 600000, "max.poll.interval.ms": 300000,
+    "enable.auto.commit": False, "auto.commit.interval.ms": 5000, "auto.commit.enable": True,
+    "enable.auto.offset.store": True, "auto.offset.reset": "earliest", "queued.min.messages": 100000,
+    "queued.max.messages.kbytes": 65536, "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 1000,
+    "fetch.message.max.bytes": 1048576, "max.partition.fetch.bytes": 1048576, "fetch.max.bytes": 52428800,
+    "fetch.min.bytes": 1, "fetch.error.backoff.ms": 500, "isolation.level": "read_committed",
+    "enable.partition.eof": False, "check.crcs": False, "consume.callback.max.messages": 0,
+    "offset.store.method": "broker", "offset.store.path": ".", "offset.store.sync.interval.ms": -1,
+    "share.acknowledgement.mode": "implicit",
+}
+
+
+def config_warnings(make) -> list[str]:
+    """The CONFWARN lines librdkafka logs when ``make(logger)`` builds a client."""
+    out = io.StringIO()
+    logger = logging.getLogger(f"test.kafka.{id(out)}")
+    logger.handlers, logger.propagate, logger.level = [logging.StreamHandler(out)], False, logging.DEBUG
+    made = make(logger)
+    made.poll(0)
+    del made
+    return [line for line in out.getvalue().splitlines() if "CONFWARN" in line and "bootstrap.servers" not in line]
+
+
+def test_the_list_is_librdkafkas_own():
+    assert set(VALUES) == client.CONSUMER_ONLY
+    for key, value in VALUES.items():
+        warnings = config_warnings(lambda logger, k=key, v=value: Producer({k: v, "logger": logger}))
+        # Each one is a consumer property to this librdkafka (or a deprecated consumer one).
+        assert warnings and any(w in warnings[0] for w in ("is a consumer property", "is deprecated")), (key, warnings)
+
+
+def test_a_producer_built_from_a_consumers_connection_warns_of_nothing():
+    connection = {"bootstrap.servers": "", **VALUES, "client.id": "kept"}
+    assert config_warnings(lambda logger: client.producer(connection, "tx-1", {"logger": logger})) == []
+    settings = client._producer_client(connection)
+    assert settings == {"bootstrap.servers": "", "client.id": "kept"}  # the connection's own settings stay
+    assert client._client(connection)["fetch.wait.max.ms"] == 10  # consumers (the marker, verify) keep them
