@@ -182,6 +182,8 @@ def run_schedule(s: Schedule, p: Pipeline, state_root: Path, *,
                 h.note(f"w{z.i} zombie attempt {z.attempt.epoch} finished: {z.finish()}")
         # Zombies nobody aborted are the sweeper's job.
         return check(h, range(s.windows), sweep_first=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise  # a stopped run, not a failed schedule
     except BaseException as exc:
         reproduce = (f"reproduce: EOS_CHAOS_SEED={s.seed} EOS_CHAOS_N=1 pytest tests/chaos/test_randomized.py "
                      f"-k '{s.target}-'")
