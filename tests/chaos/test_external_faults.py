@@ -19,7 +19,9 @@ import psycopg
 import pytest
 from conftest import new_pipeline
 
+from airflow_eos.core.attempt import load_checkpoint
 from airflow_eos.core.errors import AttemptFenced, LedgerUnavailable, NotPrepared
+from airflow_eos.core.faults import FaultInjected, injected
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
@@ -344,3 +346,25 @@ def test_clock_skewed_and_non_monotone_timestamps_still_tile(make_pipeline, kafk
     for part, spans in by_partition.items():
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (part, spans)  # contiguous: a tiling
     tally.add(finish(h, windows=(0, 1, 2, 3, 4)))
+
+
+def test_database_crash_after_the_kafka_commit_keeps_the_windows_dead_letters(own_pg, own_db, chaos_source, tmp_path,
+                                                                              tally):
+    """Regression (the N=2000 soak, seed 20264910): the Kafka target's window
+    committed in Kafka, then the commit failed before the ledger recorded it,
+    then the database crashed. The retry finds the window's marker and records
+    it, with its dead letters, which are only in the staging until then: a
+    crash empties unlogged tables, and the window was recorded with 2 fewer."""
+    p = new_pipeline(own_db, chaos_source, "kafka_crash_after_commit", target="kafka")
+    h = Harness(p, tmp_path)
+    attempt = staged_and_prepared(p, 0)
+    with Ledger(own_db).connect() as conn:
+        staged_dead = load_checkpoint(conn, attempt).dead_letter_count
+    assert staged_dead > 0  # the window has dead letters to lose
+    with pytest.raises(FaultInjected), injected("commit.after_kafka_commit=raise*1", tmp_path / "faults"):
+        p.target.commit(attempt)
+    own_pg.restart("immediate")
+    result = p.target.commit(attempt)  # the commit task's retry: the marker says it committed
+    assert result.dead_letter_rows == staged_dead
+    assert sql(own_db, "SELECT count(*) FROM eos.dead_letters") == [(staged_dead,)]
+    tally.add(finish(h))
