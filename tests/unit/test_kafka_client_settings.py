@@ -10,6 +10,7 @@ import logging
 
 from confluent_kafka import Producer
 
+from airflow_eos.core.source import LIBRDKAFKA_LOG, client_logging
 from airflow_eos.targets.kafka import client
 
 # A value librdkafka accepts for each consumer-only property.
@@ -51,5 +52,19 @@ def test_a_producer_built_from_a_consumers_connection_warns_of_nothing():
     connection = {"bootstrap.servers": "", **VALUES, "client.id": "kept"}
     assert config_warnings(lambda logger: client.producer(connection, "tx-1", {"logger": logger})) == []
     settings = client._producer_client(connection)
-    assert settings == {"bootstrap.servers": "", "client.id": "kept"}  # the connection's own settings stay
+    logging_keys = client_logging().keys()
+    # the connection's own settings stay, beside the package's client logging
+    assert {k: v for k, v in settings.items() if k not in logging_keys} == {"bootstrap.servers": "", "client.id": "kept"}
     assert client._client(connection)["fetch.wait.max.ms"] == 10  # consumers (the marker, verify) keep them
+
+
+def test_the_targets_clients_log_through_the_package_not_stderr(capfd):
+    """A target producer's librdkafka lines (TxnCoordinator reconnects, ...)
+    go to airflow_eos.librdkafka, throttled, like the source's; a raw line on
+    stderr bypasses the task log's formatting and its throttle."""
+    for settings in (client._client({"bootstrap.servers": ""}), client._producer_client({"bootstrap.servers": ""})):
+        assert settings["logger"] is LIBRDKAFKA_LOG and callable(settings["error_cb"])
+    made = client.producer({"bootstrap.servers": "", "debug": "generic"}, "tx-1", {})
+    made.poll(0)
+    del made
+    assert "rdkafka" not in capfd.readouterr().err

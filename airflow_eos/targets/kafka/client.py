@@ -28,6 +28,7 @@ from typing import Any
 
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.errors import TargetError
+from airflow_eos.core.source import client_logging
 from airflow_eos.core.windows import TopicPartition, Window, to_utc
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,13 @@ def read_marker(kafka_config: Mapping[str, Any], group: str, topic: str,
 
 
 def _client(kafka_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The connection settings of a client (without the source's group and a transactional id)."""
-    return {k: v for k, v in dict(kafka_config).items() if k not in ("group.id", "transactional.id")}
+    """The connection settings of a client (without the source's group and a
+    transactional id), logging like every librdkafka client of the package:
+    through airflow_eos.librdkafka, throttled, never raw lines on stderr (a
+    producer's TxnCoordinator reconnects would otherwise reach the task log
+    and the test output unfiltered)."""
+    settings = {k: v for k, v in dict(kafka_config).items() if k not in ("group.id", "transactional.id")}
+    return {**client_logging(), **settings}
 
 
 # librdkafka's consumer-only properties (scope "C" in its CONFIGURATION.md; the
