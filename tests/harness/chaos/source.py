@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
+from airflow_eos.core.source import client_logging
 from airflow_eos.core.windows import to_millis
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 
@@ -82,7 +83,8 @@ def skewed_source_records(hours: int, per_hour: int, partitions: int, *,
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, int, bytes]]) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    producer = Producer({**client_logging(), "bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "linger.ms": 5})
     for partition, ts, value in records:
         while True:
             try:
@@ -98,7 +100,7 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, int, bytes]
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({**client_logging(), "bootstrap.servers": bootstrap})
     for f in admin.create_topics([NewTopic(name, partitions, 1)]).values():
         f.result(15)
 
@@ -110,7 +112,7 @@ def delete_topic(bootstrap: str, name: str) -> None:
     schedules a minute with ~800 left behind)."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({**client_logging(), "bootstrap.servers": bootstrap})
     for f in admin.delete_topics([name]).values():
         f.result(15)
 
