@@ -72,10 +72,14 @@ def produce_orders(bootstrap: str) -> dict[str, int]:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    from airflow_eos.core.source import client_logging
+
+    # Logging like the package's own clients: no raw librdkafka lines in the demo's output.
+    admin = AdminClient({**client_logging(), "bootstrap.servers": bootstrap})
     for f in admin.create_topics([NewTopic("orders", 4, 1)]).values():
         f.result(15)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    producer = Producer({**client_logging(), "bootstrap.servers": bootstrap, "linger.ms": 20,
+                         "enable.idempotence": True})
     counts = {"records": 0, "malformed": 0, "late": 0}
 
     def send(partition: int, ts: datetime, value: bytes) -> None:
