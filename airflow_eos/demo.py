@@ -1,6 +1,6 @@
 """``make demo`` / ``airflow-eos demo``: the main job, end to end, on embedded services.
 
-1. start a throwaway PostgreSQL, the embedded Kafka-protocol broker and a local
+1. start a throwaway PostgreSQL, an Apache Kafka broker and a local
    Spark Connect server (``local[2]``), all on 127.0.0.1
 2. produce four hours of order events, with malformed and late records
 3. run the example DAG ``orders_hourly`` for each hourly window through real
@@ -326,14 +326,14 @@ def run_demo(pg_url: str, bootstrap: str, work: Path) -> int:
 
 
 def main() -> int:
-    from airflow_eos.embedded import EmbeddedBroker, PostgresServer
+    from airflow_eos.embedded import KafkaBroker, PostgresServer
 
     work = Path(tempfile.mkdtemp(prefix="eos-demo-"))
     say("airflow-eos demo: exactly-once hourly windows, Kafka -> Spark -> PostgreSQL, through Airflow")
     say(f"  (logs: Airflow {work / 'airflow.log'}, Spark {work / 'spark-connect.log'})")
     say()
-    with PostgresServer() as pg, EmbeddedBroker() as broker:
-        say(f"services: PostgreSQL on 127.0.0.1:{pg.port}, Kafka-protocol broker on {broker.bootstrap}")
+    with PostgresServer() as pg, KafkaBroker() as broker:
+        say(f"services: PostgreSQL on 127.0.0.1:{pg.port}, Apache Kafka on {broker.bootstrap}")
         code = run_demo(pg.url, broker.bootstrap, work)
     say()
     say("where to look next:")

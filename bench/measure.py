@@ -129,7 +129,7 @@ class CpuMeter:
         for child in me.children():
             try:
                 cmdline = " ".join(child.cmdline())
-                part = ("broker" if "tansu" in cmdline else "spark" if "org.apache.spark" in cmdline else "ended")
+                part = ("broker" if "kafka.Kafka" in cmdline else "spark" if "org.apache.spark" in cmdline else "ended")
                 parts[part] += self._tree_seconds(child)
             except psutil.Error:
                 continue

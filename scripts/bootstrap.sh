@@ -4,6 +4,7 @@
 #   - Debian packages: PostgreSQL server binaries, a Java runtime for Spark,
 #     headless Chromium and its WebDriver (the Airflow UI in a browser, via Selenium)
 #   - uv, then the virtualenv .venv with this package and its dev extra
+#   - Apache Kafka's broker jars (Maven, cached outside the checkout)
 # Idempotent; a second run takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,8 @@ done
 [ -n "$pg_found" ] || need_apt+=(postgresql)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
+# Maven fetches Apache Kafka's broker jars from Maven Central (below)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 # headless Chromium renders the Airflow UI in tests/e2e/test_live_stack.py
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need_apt+=(chromium)
 # ... driven by Selenium through Debian's chromedriver, built from the same sources as its chromium
@@ -69,4 +72,16 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # install can reach any more.
   "$UV" cache prune -q || log "uv cache prune failed (the cache may keep growing)"
   touch "$stamp"
+fi
+
+# Apache Kafka's broker (tests, demo, bench): its jars from Maven Central, once, into the cache that
+# airflow_eos.embedded.kafka_home() names; a later run finds the stamp and fetches nothing.
+kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' scripts/kafka/pom.xml)
+kafka_home=${EOS_KAFKA_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/kafka-$kafka_version}
+if [ ! -f "$kafka_home/.complete" ]; then
+  log "fetching Apache Kafka $kafka_version's jars with Maven into $kafka_home"
+  rm -rf "$kafka_home/lib"
+  mvn -q -B -f scripts/kafka/pom.xml dependency:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$kafka_home/lib"
+  touch "$kafka_home/.complete"
 fi

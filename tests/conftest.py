@@ -1,4 +1,4 @@
-"""Real services for the tests: one PostgreSQL server and one Kafka-protocol
+"""Real services for the tests: one PostgreSQL server and one Apache Kafka
 broker per test session (or the external ones named by EOS_POSTGRES_URL and
 EOS_KAFKA_BOOTSTRAP), a fresh database and fresh topics per test, and an Airflow
 home in a temp dir. Every process started here is stopped here.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import uuid
 
 # tests/harness imports as `harness` here (pytest's `pythonpath`); the children a
@@ -29,33 +30,10 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 import psycopg  # noqa: E402
 import pytest  # noqa: E402
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import KafkaError, KafkaException, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from airflow_eos.embedded import kafka_service, postgres_service  # noqa: E402
-
-
-def pytest_collection_modifyitems(config, items):
-    """Tests marked real_kafka need behaviour the embedded broker gets wrong
-    (see ENVIRONMENT.md). They are deselected, visibly, unless a real Kafka is
-    given in EOS_KAFKA_BOOTSTRAP; they are never skipped to look green."""
-    if os.environ.get("EOS_KAFKA_BOOTSTRAP"):
-        return
-    keep, drop = [], []
-    for item in items:
-        (drop if item.get_closest_marker("real_kafka") else keep).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-        config._eos_deselected = len(drop)
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    n = getattr(config, "_eos_deselected", 0)
-    if n:
-        terminalreporter.write_line(
-            f"{n} test(s) marked real_kafka were deselected: set EOS_KAFKA_BOOTSTRAP to a real Kafka to run them"
-        )
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -98,7 +76,7 @@ def ledger(pg_url):
 
 @pytest.fixture(scope="session")
 def kafka(pg_server):
-    """The Kafka-protocol broker (embedded Tansu unless EOS_KAFKA_BOOTSTRAP is set).
+    """Apache Kafka, one KRaft node of the session's own (unless EOS_KAFKA_BOOTSTRAP names one).
 
     Depends on pg_server only so that both start once, in a fixed order."""
     with kafka_service() as handle:
@@ -117,6 +95,7 @@ class TopicFactory:
         self.bootstrap = bootstrap
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self.created: list[str] = []
+        self.failed: list[str] = []  # delivery errors since the last flush
         self._producer: Producer | None = None
 
     def create(self, partitions: int = 1, prefix: str = "t") -> str:
@@ -136,16 +115,31 @@ class TopicFactory:
 
     def produce(self, topic: str, records, *, flush: bool = True) -> None:
         """records: iterable of (partition, timestamp_ms, value) tuples."""
+        deadline = time.monotonic() + 30
         for partition, ts_ms, value in records:
             while True:
                 try:
-                    self.producer.produce(topic, value=value, partition=partition, timestamp=ts_ms)
+                    self.producer.produce(topic, value=value, partition=partition, timestamp=ts_ms,
+                                          on_delivery=self._delivered)
                     break
                 except BufferError:
                     self.producer.poll(0.05)
+                except KafkaException as e:
+                    # partitions added by create_partitions reach the producer's metadata later than
+                    # the admin's answer: ask for the topic's metadata again until the partition is known
+                    if e.args[0].code() != KafkaError._UNKNOWN_PARTITION or time.monotonic() > deadline:
+                        raise
+                    self.producer.list_topics(topic, timeout=5)
+                    time.sleep(0.05)
         if flush:
             remaining = self.producer.flush(30)
             assert remaining == 0, f"{remaining} records not delivered"
+            failed, self.failed = self.failed, []
+            assert not failed, f"{len(failed)} records refused by the broker, e.g. {failed[0]}"
+
+    def _delivered(self, err, msg) -> None:
+        if err is not None:
+            self.failed.append(f"{msg.topic()}[{msg.partition()}]: {err}")
 
     def close(self) -> None:
         if self._producer is not None:

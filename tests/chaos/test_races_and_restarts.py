@@ -24,7 +24,7 @@ from conftest import new_pipeline, scratch_database
 from airflow_eos import steps
 from airflow_eos.core.errors import LogTruncated
 from airflow_eos.core.sink import PUBLISHED
-from airflow_eos.embedded import EmbeddedBroker
+from airflow_eos.embedded import KafkaBroker
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 from airflow_eos.verify import verify
 from harness import chaos
@@ -179,16 +179,16 @@ def test_a_sweep_racing_a_commit_either_aborts_it_or_lets_it_publish(target, mod
 
 @pytest.mark.parametrize("target", ["postgres", "files"])
 def test_broker_restarted_empty_fails_loudly_and_keeps_the_committed_windows(target, make_pipeline, tmp_path, tally):
-    """A broker of the test's own (memory-only) holds the source topic; windows
-    0 and 1 commit, window 2 is planned (its cuts frozen). The broker restarts
-    and the topic comes back empty. Window 2's run (its frozen plan) and window
+    """A broker of the test's own holds the source topic; windows 0 and 1
+    commit, window 2 is planned (its cuts frozen). The broker restarts with its
+    log directory lost (a new, empty cluster) and the topic comes back empty. Window 2's run (its frozen plan) and window
     3's (planned after the loss) fail at the plan with LogTruncated; nothing
     is published for them; every row of windows 0 and 1 is still there (by
     lineage); verify reports the loss instead of passing. (The Kafka target's
     output topic would live on the same broker and vanish with it: not a
     target that can keep its windows through this loss.)"""
     records = chaos.source_records(4, 12, 2)
-    with EmbeddedBroker() as broker:
+    with KafkaBroker() as broker:
         topic = f"lost-{uuid.uuid4().hex[:6]}"
         chaos.create_topic(broker.bootstrap, topic, 2)
         chaos.produce(broker.bootstrap, topic, records)
@@ -201,7 +201,7 @@ def test_broker_restarted_empty_fails_loudly_and_keeps_the_committed_windows(tar
         before = published_lineage(p)
         assert sum(before.values()) == verdict.report.totals.published_rows > 0
 
-        broker.restart()
+        broker.restart(lose_data=True)
         chaos.create_topic(broker.bootstrap, topic, 2)  # back, empty
 
         for i in (2, 3):

@@ -18,8 +18,7 @@ Every seed runs on every target (harness.chaos.TARGETS): PostgreSQL (its
 publishing mode drawn from the seed), the file target and the Kafka target
 (faults drawn from the points each one's code reaches; on the Kafka target a
 clear of a committed window always skips: ``replace`` does not exist for a
-topic, harness.chaos.ON_COMMITTED; on the embedded broker its windows run one
-at a time: a broker bug, harness.chaos.EMBEDDED_BROKER). A seed's PostgreSQL
+topic, harness.chaos.ON_COMMITTED). A seed's PostgreSQL
 schedule is the one it drew before the other targets existed. They run seed
 by seed, each seed on every target in turn (conftest.pytest_collection_modifyitems).
 

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_eos import demo
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.embedded import EmbeddedBroker
+from airflow_eos.embedded import KafkaBroker
 from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.verify import verify
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_demo_commits_every_window_once_through_a_worker_crash_and_two_clears(pg_url, tmp_path, capsys):
-    with EmbeddedBroker() as broker:
+    with KafkaBroker() as broker:
         code = demo.run_demo(pg_url, broker.bootstrap, tmp_path)
         out = capsys.readouterr().out
         with capsys.disabled():

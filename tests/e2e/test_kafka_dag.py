@@ -5,9 +5,7 @@ Spark Connect server, tests/e2e/conftest.py), the broker (source and target topi
 ``orders_curated`` in one Kafka transaction. Every case ends audited by
 ``verify`` and by a ``read_committed`` consumer of the topic that sees each
 source record of the committed windows exactly once, except the dead letters,
-nothing else — counting only records of the commits the ledger records (the
-embedded broker shows aborted records to read_committed consumers too; a real
-Kafka hides them)."""
+nothing else: every record it reads belongs to a commit the ledger records."""
 
 from __future__ import annotations
 
@@ -97,6 +95,7 @@ def assert_consumer_sees_each_record_once(pg_url, kafka_config) -> list[dict]:
                                    PIPELINE)}
     everything = read_committed(kafka_config)
     committed = [r for r in everything if (r["eos-window-start"], r["eos-commit"]) in commits]
+    assert len(committed) == len(everything), "a read_committed reader sees records of no committed window"
     lineage = [(r["eos-topic"], int(r["eos-partition"]), int(r["eos-offset"])) for r in committed]
     assert max(Counter(lineage).values(), default=1) == 1, "a source record published twice"
     assert sorted(lineage) == expected_lineage(pg_url, PIPELINE)
@@ -162,12 +161,7 @@ def test_a_commit_crashing_on_its_first_try_is_retried_and_publishes_once(
     assert sql(pg_url, "SELECT count(*) FROM eos.kafka_commits WHERE pipeline = %s", PIPELINE) == [(1,)]
     audit(pg_url, kafka_config)
     seen = assert_consumer_sees_each_record_once(pg_url, kafka_config)
-    # The embedded broker keeps the aborted try's records visible (a real Kafka
-    # hides them from read_committed consumers): at most one extra copy, under
-    # a commit token that no ledger row names.
-    assert counts["good"][0] <= len(seen) <= 2 * counts["good"][0]
-    if outcome == "already_committed":
-        assert len(seen) == counts["good"][0]  # one transaction, committed once
+    assert len(seen) == counts["good"][0]  # the crashed try's records were aborted: read_committed hides them
 
 
 def test_clearing_a_committed_window_skips_it(airflow_connections, kafka_config, topics, curated, run_after,

@@ -269,9 +269,8 @@ def test_empty_partitions_and_empty_windows_plan_cleanly(ledger, kafka_config, t
 
 def test_new_partition_records_are_not_lost(ledger):
     """A window planned before a partition existed does not hold it; the next
-    window planned with it starts at its log start. (The embedded broker cannot
-    add partitions, so the log is in memory; the ledger is real. See the
-    real_kafka test below for the same with create_partitions.)"""
+    window planned with it starts at its log start. (The log is in memory, the
+    ledger real; the test below does the same on Kafka with create_partitions.)"""
     log = MemoryLog()
     log.add_partition("orders", 0, [ms(T0) + i * 60_000 for i in range(240)])
     req = lambda s, e: PlanRequest(Window("grow", s, e), ("orders",), timedelta(0))  # noqa: E731
@@ -286,7 +285,6 @@ def test_new_partition_records_are_not_lost(ledger):
     assert (p1[T0 + 2 * HOUR].start_offset, p1[T0 + 2 * HOUR].end_offset) == (120, 180)
 
 
-@pytest.mark.real_kafka
 def test_new_partition_on_real_kafka(ledger, kafka_config, topics):
     from confluent_kafka.admin import NewPartitions
 
@@ -388,8 +386,8 @@ def test_unreachable_database_is_a_clear_error_without_the_password():
 
 
 def test_expired_offsets_name_topic_partition_and_offsets(ledger):
-    """Retention moved the log start past a frozen plan (simulated in memory:
-    the embedded broker has no retention; see the real_kafka test below)."""
+    """Retention moved the log start past a frozen plan (simulated in memory;
+    the test below does it on Kafka with delete_records)."""
     log = MemoryLog()
     log.add_partition("orders", 0, [ms(T0) + i * 60_000 for i in range(180)])
     req = PlanRequest(Window("old", T0 + HOUR, T0 + 2 * HOUR), ("orders",), timedelta(0))
@@ -400,7 +398,6 @@ def test_expired_offsets_name_topic_partition_and_offsets(ledger):
         plan_window(ledger, log, req, now=LATER)
 
 
-@pytest.mark.real_kafka
 def test_expired_offsets_on_real_kafka(ledger, kafka_config, topics):
     topic = topics.create(partitions=1)
     topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(180)])

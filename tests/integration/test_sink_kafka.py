@@ -1,11 +1,11 @@
 """The Kafka target's two-phase-commit sink against a real PostgreSQL ledger and
-the embedded broker (a real Kafka where marked ``real_kafka``), without Spark:
+Apache Kafka, without Spark:
 a window's life (begin, write, checkpoint, prepare, commit, abort), the crash
 points of the commit, a zombie committer, a Clear of a committed window, and
 the bad inputs the issue names. What the topic holds is read back by lineage
 through the sink's ``published_relation`` (what verify reads), which counts
-only the records of committed transactions: the embedded broker shows
-aborted records to read_committed readers."""
+only the records of committed transactions; the tests at the end read the
+topic as a read_committed consumer does."""
 
 from __future__ import annotations
 
@@ -392,7 +392,6 @@ def test_staging_changed_after_checkpoint_is_not_committed(pg_url, sink, plans):
 # --------------------------------------------------------------------------- a correct broker
 
 
-@pytest.mark.real_kafka
 def test_read_committed_consumer_sees_each_source_record_once_after_aborts(pg_url, sink, plans, kafka_config,
                                                                           monkeypatch):
     [plan] = plans([0])

@@ -1,10 +1,9 @@
 """The eos_kafka data source reads exactly a frozen plan's offset ranges.
 
-Real broker, real Spark (local[2], one JVM for the module). The log has offset
-gaps: committed transactions leave a marker per partition after each commit
-(the embedded broker does not hide aborted records under read_committed, so only
-committed transactions make gaps here). Every assertion compares Spark's rows with
-a direct confluent-kafka read of the same log.
+Apache Kafka, real Spark (local[2], one JVM for the module). The log has offset
+gaps: committed transactions leave a marker per partition after each commit.
+Every assertion compares Spark's rows with a direct confluent-kafka read of the
+same log.
 """
 
 from __future__ import annotations

@@ -129,3 +129,14 @@ def test_the_secret_generator_writes_random_secrets_once(tmp_path):
     other = tmp_path / "t"
     subprocess.run([sys.executable, str(script), str(other)], check=True, capture_output=True)
     assert (other / "jwt_secret").read_text() != first["jwt_secret"]
+
+
+def test_one_apache_kafka_version_everywhere():
+    """The broker the tests and the demo run (Maven's jars) is the one the deployment runs."""
+    from airflow_eos.embedded import KAFKA_VERSION
+
+    pom = (ROOT / "scripts" / "kafka" / "pom.xml").read_text()
+    assert f"<kafka.version>{KAFKA_VERSION}</kafka.version>" in pom
+    for name in ("kafka", "kafka-topics"):
+        assert SERVICES[name]["image"] == f"apache/kafka:{KAFKA_VERSION}", name
+    assert f"Apache Kafka {KAFKA_VERSION}" in (ROOT / "README.md").read_text()

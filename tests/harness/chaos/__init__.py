@@ -57,7 +57,6 @@ from harness.chaos.checks import Verdict, attempt_states, check, published_linea
 from harness.chaos.driver import Harness, RunOutcome, SparkStager, StepFailed, Zombie, faults_for, run_step
 from harness.chaos.pipeline import (
     ACTIONS,
-    EMBEDDED_BROKER,
     ON_COMMITTED,
     POINT_STEPS,
     RECOVERIES,
@@ -99,7 +98,7 @@ __all__ = [
     "ACTIONS", "LEFTOVERS", "ON_COMMITTED", "POINT_STEPS", "READERS", "RECOVERIES", "STEPS", "T0", "TARGETS",
     "TARGET_DDL", "TARGET_POINTS", "HOUR",
     "Harness", "Pipeline", "RunOutcome", "Schedule", "SparkStager", "StepFailed", "Verdict", "Zombie",
-    "EMBEDDED_BROKER", "NotReady", "attempt_states", "published_lineage", "kafka_records", "mirrored_offsets",
+    "NotReady", "attempt_states", "published_lineage", "kafka_records", "mirrored_offsets",
     "python_job", "skewed_source_records", "slug",
     "abort_step", "await_step", "check", "commit_step", "create_target_table", "create_topic", "delete_topic",
     "faults_for", "plan_step", "produce", "record_value", "run_schedule", "run_step", "source_records",

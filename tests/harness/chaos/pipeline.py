@@ -6,7 +6,6 @@ its Python stand-in (:func:`python_job`); the fault points each step and target 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -76,15 +75,6 @@ ON_COMMITTED: dict[str, tuple[str, ...]] = {"postgres": ("skip", "replace"), "fi
 assert set().union(*TARGET_POINTS.values()) == POINTS, "a fault point was added: say which targets reach it"
 ACTIONS = ("raise", "crash")
 RECOVERIES = ("retry", "clear", "rerun_later", "backfill")
-# The embedded broker (Tansu), unless EOS_KAFKA_BOOTSTRAP names a real Kafka.
-# When an init_transactions fences a dead producer's open transaction while
-# another transactional id has a transaction open on the same partition, it
-# leaves that partition's last stable offset stuck after both end (probed:
-# A and B open, A's process dies, A's successor initializes and commits, B
-# commits: read_committed readers end at A's successor's first record for
-# good). A real Kafka does not. The Kafka target's schedules therefore run
-# one window at a time there (see Schedule.draw).
-EMBEDDED_BROKER = not os.environ.get("EOS_KAFKA_BOOTSTRAP")
 
 
 

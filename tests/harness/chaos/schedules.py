@@ -15,7 +15,7 @@ from airflow_eos.core.errors import LedgerUnavailable
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 from harness.chaos.checks import Verdict, check
 from harness.chaos.driver import Harness, Zombie
-from harness.chaos.pipeline import ACTIONS, EMBEDDED_BROKER, ON_COMMITTED, TARGET_POINTS, Pipeline
+from harness.chaos.pipeline import ACTIONS, ON_COMMITTED, TARGET_POINTS, Pipeline
 
 # --------------------------------------------------------------------------- randomized schedules
 
@@ -80,7 +80,7 @@ class Schedule:
         return cls(
             seed=seed, windows=n, on_committed=on_committed if on_committed in ON_COMMITTED[target] else "skip",
             retries=rng.choice((0, 0, 1, 2)),
-            parallel=_parallel(rng.choice((1, 2, 4)), target), mirror=rng.random() < 0.3,
+            parallel=rng.choice((1, 2, 4)), mirror=rng.random() < 0.3,
             max_records_per_task=rng.choice((5, 40)),
             faults=faults, order=tuple(order),
             zombies=tuple(rng.sample(range(n), k=rng.choice((0, 0, 1, 2)))),
@@ -105,14 +105,6 @@ class Schedule:
                 f"sweep_during={self.sweep_during}; "
                 + (f"PostgreSQL restarted ({self.pg_restart}) at {self.pg_restart_after}s; " if self.pg_restart else "")
                 + f"faults: {faults}")
-
-
-def _parallel(drawn: int, target: str) -> int:
-    """DAG runs at once: as drawn, but one at a time for the Kafka target on
-    the embedded broker (:data:`EMBEDDED_BROKER`: windows committing at once
-    there can leave a partition's last stable offset stuck; drawn all the
-    same, so the seed's later draws do not change)."""
-    return 1 if target == "kafka" and EMBEDDED_BROKER else drawn
 
 
 def _sweep_until(h: Harness, stop: threading.Event, rng: random.Random) -> None:

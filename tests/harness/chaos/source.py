@@ -85,16 +85,23 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, int, bytes]
 
     producer = Producer({**client_logging(), "bootstrap.servers": bootstrap, "enable.idempotence": True,
                          "linger.ms": 5})
+    refused: list[str] = []
+
+    def delivered(err, msg) -> None:
+        if err is not None:
+            refused.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+
     for partition, ts, value in records:
         while True:
             try:
-                producer.produce(topic, value=value, partition=partition, timestamp=ts)
+                producer.produce(topic, value=value, partition=partition, timestamp=ts, on_delivery=delivered)
                 break
             except BufferError:
                 producer.poll(0.05)
     left = producer.flush(30)
-    if left:
-        raise RuntimeError(f"{left} records not delivered to {topic}")
+    if left or refused:
+        raise RuntimeError(f"{left} records not delivered to {topic}, {len(refused)} refused"
+                           + (f", e.g. {refused[0]}" if refused else ""))
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
