@@ -27,7 +27,7 @@ from airflow_eos.core.errors import (
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest, plan_window
 from airflow_eos.targets.postgres.target import PostgresTarget
-from airflow_eos.core.source import PROBE_FETCH_BYTES, KafkaLog
+from airflow_eos.core.source import PROBE_FETCH_BYTES, KafkaLog, client_logging
 from airflow_eos.core.windows import Window, to_millis
 from airflow_eos.embedded import free_port
 from memlog import MemoryLog
@@ -620,3 +620,101 @@ def test_release_lets_the_next_plan_claim_the_pipeline_again(ledger, kafka_confi
     # windows planned before the move keep their topics
     with pytest.raises(WindowConflict, match="planned for topics"):
         plan(ledger, kafka_config, "p", T0, T0 + HOUR, [a, b], dag_id="new_name")
+
+
+# --------------------------------------------------------------------------- transactional sources
+
+
+def _transactional_producer(bootstrap: str):
+    from confluent_kafka import Producer
+
+    producer = Producer({**client_logging(), "bootstrap.servers": bootstrap,
+                         "transactional.id": f"src-{uuid.uuid4().hex[:8]}", "linger.ms": 1})
+    producer.init_transactions(15)
+    return producer
+
+
+def _transaction(producer, topic: str, minutes, *, commit: bool | None) -> None:
+    """One transaction of records stamped T0 + each of ``minutes``: committed,
+    aborted (False) or left open (None)."""
+    producer.begin_transaction()
+    for m in minutes:
+        producer.produce(topic, value=f"m{m}".encode(), partition=0, timestamp=ms(T0 + m * MINUTE))
+    producer.flush(15)
+    if commit is True:
+        producer.commit_transaction(15)
+    elif commit is False:
+        producer.abort_transaction(15)
+
+
+def _committed_values(bootstrap: str, topic: str, start: int, end: int) -> list[bytes]:
+    """What a read_committed reader gets of offsets [start, end) of partition 0."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "txn-check", "enable.partition.eof": True,
+                  "enable.auto.commit": False, "isolation.level": "read_committed", "fetch.wait.max.ms": 10})
+    values = []
+    try:
+        c.assign([KTP(topic, 0, start)])
+        while True:
+            msg = c.poll(10)
+            assert msg is not None, "no end of partition within 10 s"
+            if msg.error() or msg.offset() >= end:
+                break
+            values.append(msg.value())
+    finally:
+        c.close()
+    return values
+
+
+def test_a_transactional_source_plans_committed_records_only_and_waits_for_an_open_transaction(
+        ledger, kafka_config, topics):
+    """Aborted transactions leave offsets no reader sees (gaps), and a transaction
+    open at the window's end holds the last stable offset: a read_committed
+    planner sees the partition end there. Within the grace the window waits; once
+    the transaction commits with a record past the end, the cut is that record
+    and the window holds exactly the committed records before it."""
+    topic = topics.create(partitions=1)
+    bootstrap = kafka_config["bootstrap.servers"]
+    writer, other = _transactional_producer(bootstrap), _transactional_producer(bootstrap)
+    end = T0 + HOUR
+    try:
+        _transaction(writer, topic, range(0, 20), commit=True)
+        _transaction(writer, topic, range(20, 30), commit=False)
+        _transaction(writer, topic, range(30, 50), commit=True)
+        _transaction(other, topic, [55, 70], commit=None)  # open at the window's end, a record past it
+        with pytest.raises(WindowNotClosed) as caught:
+            plan(ledger, kafka_config, "txn", T0, end, [topic], grace=timedelta(minutes=10),
+                 now=lambda: end + timedelta(minutes=5))
+        assert caught.value.waiting_for == [(topic, 0)]
+        other.commit_transaction(15)
+    finally:
+        del writer, other  # freed now: no client of this test outlives its broker
+    [r] = plan(ledger, kafka_config, "txn", T0, end, [topic], grace=timedelta(minutes=10),
+               now=lambda: end + timedelta(minutes=5)).ranges
+    values = _committed_values(bootstrap, topic, r.start_offset, r.end_offset)
+    assert values == [f"m{m}".encode() for m in [*range(0, 20), *range(30, 50), 55]]
+    assert r.end_offset - r.start_offset > len(values)  # the aborted records and the markers: gaps
+    assert _committed_values(bootstrap, topic, r.end_offset, 10**9) == [b"m70"]
+
+
+def test_a_transaction_open_past_the_grace_is_in_one_window_only(ledger, kafka_config, topics):
+    """A transaction still open when the partition has idled past the grace: the
+    cut is frozen at the end of the log, past the open transaction's records
+    (a read_committed reader stops before them until the transaction ends).
+    Whichever window they fall in, each of its records, committed later, is in
+    exactly one window, and the windows tile the log."""
+    topic = topics.create(partitions=1)
+    bootstrap = kafka_config["bootstrap.servers"]
+    writer, other = _transactional_producer(bootstrap), _transactional_producer(bootstrap)
+    try:
+        _transaction(writer, topic, range(0, 30), commit=True)
+        _transaction(other, topic, [40, 50], commit=None)
+        [first] = plan(ledger, kafka_config, "late", T0, T0 + HOUR, [topic]).ranges  # now: long after, idle
+        other.commit_transaction(15)
+        _transaction(writer, topic, [70, 130], commit=True)
+        [second] = plan(ledger, kafka_config, "late", T0 + HOUR, T0 + 2 * HOUR, [topic]).ranges
+    finally:
+        del writer, other  # freed now: no client of this test outlives its broker
+    assert first.start_offset == 0 and first.end_offset == second.start_offset
+    windows = [_committed_values(bootstrap, topic, r.start_offset, r.end_offset) for r in (first, second)]
+    assert sorted(windows[0] + windows[1]) == sorted(f"m{m}".encode() for m in [*range(0, 30), 40, 50, 70])
+    assert windows[0][:30] == [f"m{m}".encode() for m in range(0, 30)]
