@@ -173,6 +173,8 @@ KAFKA_SETTINGS = {
     "num.partitions": "1",
     "log.message.timestamp.after.max.ms": str(2**63 - 1),
     "log.retention.ms": "-1",
+    # a topic given a short retention (a test of it) loses its records within seconds, not 5 minutes
+    "log.retention.check.interval.ms": "1000",
 }
 
 KAFKA_LOG4J = """Configuration:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -718,3 +719,33 @@ def test_a_transaction_open_past_the_grace_is_in_one_window_only(ledger, kafka_c
     windows = [_committed_values(bootstrap, topic, r.start_offset, r.end_offset) for r in (first, second)]
     assert sorted(windows[0] + windows[1]) == sorted(f"m{m}".encode() for m in [*range(0, 30), 40, 50, 70])
     assert windows[0][:30] == [f"m{m}".encode() for m in range(0, 30)]
+
+
+def test_retention_deleting_a_planned_range_fails_the_plan_and_the_read_loudly(ledger, kafka_config, topics):
+    """Kafka's own retention (not delete_records) deletes a frozen range before
+    its stage: the frozen plan and the stage's reader both refuse with
+    OffsetsExpired, naming what is gone; nothing is read short."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    from airflow_eos.spark.kafka_ranges import plan_tasks, read_range
+
+    topic = topics.create(partitions=1)
+    topics.produce(topic, [(0, ms(T0) + i * 60_000, b"x") for i in range(180)])  # stamped months ago
+    frozen = plan(ledger, kafka_config, "ret", T0 + HOUR, T0 + 2 * HOUR, [topic])
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", "60000", incremental_operation=AlterConfigOpType.SET)])
+    for f in topics.admin.incremental_alter_configs([resource]).values():
+        f.result(15)
+    deadline = time.monotonic() + 60
+    watcher = Consumer({"bootstrap.servers": kafka_config["bootstrap.servers"], "group.id": "retention-watch"})
+    try:  # the broker checks retention every second (embedded.KAFKA_SETTINGS)
+        while watcher.get_watermark_offsets(KTP(topic, 0), timeout=5)[0] < 120:
+            assert time.monotonic() < deadline, "retention deleted nothing within 60 s"
+            time.sleep(0.5)
+    finally:
+        watcher.close()
+    with pytest.raises(OffsetsExpired, match=rf"{topic}\[0\] must be read from offset 60 to 120"):
+        plan(ledger, kafka_config, "ret", T0 + HOUR, T0 + 2 * HOUR, [topic])
+    [task] = plan_tasks(frozen, 1000)
+    with pytest.raises(OffsetsExpired, match=r"retention deleted planned records \[60, 120\)"):
+        list(read_range(kafka_config, task, end_grace_s=1))
