@@ -175,6 +175,7 @@ KAFKA_SETTINGS = {
     "log.retention.ms": "-1",
     # a topic given a short retention (a test of it) loses its records within seconds, not 5 minutes
     "log.retention.check.interval.ms": "1000",
+    "log.cleaner.backoff.ms": "1000",  # and a compacted one is compacted within seconds
 }
 
 KAFKA_LOG4J = """Configuration:

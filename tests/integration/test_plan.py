@@ -749,3 +749,43 @@ def test_retention_deleting_a_planned_range_fails_the_plan_and_the_read_loudly(l
     [task] = plan_tasks(frozen, 1000)
     with pytest.raises(OffsetsExpired, match=r"retention deleted planned records \[60, 120\)"):
         list(read_range(kafka_config, task, end_grace_s=1))
+
+
+def test_a_compacted_topic_plans_windows_that_tile_what_compaction_left(ledger, kafka_config, topics):
+    """Compaction removes older records of a key: offsets get holes. The windows
+    still tile the log: every record that survived is in exactly one window,
+    and no window's range has a record from outside it."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import NewTopic
+
+    topic = f"compacted-{uuid.uuid4().hex[:8]}"
+    config = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
+              "min.compaction.lag.ms": "0", "delete.retention.ms": "100"}
+    for f in topics.admin.create_topics([NewTopic(topic, 1, 1, config=config)]).values():
+        f.result(15)
+    topics.created.append(topic)
+    producer = Producer({**client_logging(), "bootstrap.servers": kafka_config["bootstrap.servers"]})
+    try:
+        for i in range(180):  # a record a minute for 3 hours; every other one of 6 keys, superseded
+            key = f"k{i % 6}" if i % 2 else f"u{i}"
+            producer.produce(topic, key=key.encode(), value=f"v{i}".encode(), partition=0,
+                             timestamp=ms(T0 + i * MINUTE))
+            if i % 30 == 29:
+                producer.flush(15)
+                time.sleep(0.2)  # past segment.ms: the next record starts a new segment
+        producer.flush(15)
+    finally:
+        del producer
+    deadline = time.monotonic() + 60
+    while len(read_all(kafka_config["bootstrap.servers"], topic, 1)) > 120:
+        assert time.monotonic() < deadline, "the log cleaner compacted nothing within 60 s"
+        time.sleep(1)
+    survivors = read_all(kafka_config["bootstrap.servers"], topic, 1)
+    ranges = [plan(ledger, kafka_config, "compact", T0 + h * HOUR, T0 + (h + 1) * HOUR, [topic]).ranges[0]
+              for h in range(3)]
+    assert [r.start_offset for r in ranges[1:]] == [r.end_offset for r in ranges[:-1]]  # a tiling
+    assert ranges[0].start_offset == 0 and ranges[-1].end_offset == 180  # offset 0 (key u0) is never superseded
+    for h, r in enumerate(ranges):
+        inside = [(p, o) for (p, o), ts in survivors.items() if r.start_offset <= o < r.end_offset]
+        assert inside and all(ms(T0 + h * HOUR) <= survivors[k] < ms(T0 + (h + 1) * HOUR) for k in inside), h
+    assert sum(sum(r.start_offset <= o < r.end_offset for (_, o) in survivors) for r in ranges) == len(survivors)
