@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from conftest import new_pipeline
+from conftest import PARTITIONS, new_pipeline
 
 from airflow_eos.core.attempt import load_checkpoint
 from airflow_eos.core.errors import AttemptFenced, LedgerUnavailable, NotPrepared
@@ -287,6 +287,49 @@ def test_broker_restarted_during_stage(make_pipeline, tmp_path, tally):
             assert p.target.prepare(attempt).prepared
             assert p.target.commit(attempt).outcome == PUBLISHED
             h.emitted(0, PUBLISHED)
+        tally.add(finish(h))
+
+
+def test_broker_restarted_during_a_kafka_target_commit(make_pipeline, tmp_path, tally, monkeypatch):
+    """The test's own broker holds the source and the target topic and restarts
+    (a clean shutdown, its log and its transaction state kept) while the commit
+    has half the window's records produced in its open Kafka transaction. The
+    commit goes on or fails; either way the window is then published once: a
+    read_committed reader sees each source record once (harness.chaos.check)."""
+    from airflow_eos.targets.kafka import commit as kafka_commit
+
+    records = chaos.source_records(3, 12, 2)
+    with KafkaBroker() as broker:
+        topic = f"restart-{uuid.uuid4().hex[:6]}"
+        chaos.create_topic(broker.bootstrap, topic, 2)
+        chaos.produce(broker.bootstrap, topic, records)
+        p = dataclasses.replace(make_pipeline("broker_restart_commit", target="kafka"), topics=(topic,),
+                                kafka_config={"bootstrap.servers": broker.bootstrap, "fetch.wait.max.ms": 10})
+        chaos.create_topic(broker.bootstrap, p.target_topic, PARTITIONS)
+        h = Harness(p, tmp_path)
+        plan = WindowPlan.from_dict(plan_step(p, p.window(0)))
+        attempt = p.target.begin(plan.window)
+        stage_attempt(p, plan, attempt)
+        assert p.target.prepare(attempt).prepared
+        restarted = []
+        real_fault_point = kafka_commit.fault_point
+
+        def restart_mid_produce(name: str) -> None:
+            if name == "commit.mid_produce" and not restarted:
+                restarted.append(name)
+                broker.restart()
+            real_fault_point(name)
+
+        monkeypatch.setattr(kafka_commit, "fault_point", restart_mid_produce)
+        try:
+            outcome = p.target.commit(attempt).outcome
+            h.note(f"commit across the broker restart: {outcome}")
+            assert outcome == PUBLISHED
+            h.emitted(0, PUBLISHED)
+        except Exception as exc:  # noqa: BLE001 - the commit may fail; the window must then commit once
+            h.note(f"commit across the broker restart failed: {type(exc).__name__}: {exc}")
+        monkeypatch.setattr(kafka_commit, "fault_point", real_fault_point)
+        assert restarted
         tally.add(finish(h))
 
 
