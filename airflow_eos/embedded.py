@@ -168,8 +168,14 @@ def tansu_binary() -> Path:
 class EmbeddedBroker:
     """Tansu, a Kafka-wire-protocol broker, memory only: a restart loses every record.
 
-    Its ListOffsets and offsets_for_times answers are wrong (see ENVIRONMENT.md);
-    the core never relies on them.
+    What it gets wrong, measured here, and the core never relies on: the high
+    watermark it reports (``get_watermark_offsets``, ``ListOffsets`` latest: the
+    last batch's base offset + 1) can be far below the real end (reading to
+    partition EOF gives the truth); ``offsets_for_times`` answers 0 for every
+    timestamp; ``read_committed`` does not hide records of aborted transactions
+    (and ends a partition at a stuck last stable offset); ``create_partitions``
+    and ``delete_records`` are not supported. Tests that need these right are
+    marked ``real_kafka``.
     """
 
     def __init__(self) -> None:

@@ -37,7 +37,7 @@ from airflow_eos.embedded import kafka_service, postgres_service  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked real_kafka need behaviour the embedded broker gets wrong
-    (see ENVIRONMENT.md). They are deselected, visibly, unless a real Kafka is
+    (see EmbeddedBroker in airflow_eos/embedded.py). They are deselected, visibly, unless a real Kafka is
     given in EOS_KAFKA_BOOTSTRAP; they are never skipped to look green."""
     if os.environ.get("EOS_KAFKA_BOOTSTRAP"):
         return
