@@ -32,6 +32,7 @@ from airflow_eos.cli.status import cmd_release, cmd_status
 from airflow_eos.cli.sweep import cmd_sweep
 from airflow_eos.cli.verify import cmd_verify
 from airflow_eos.core.errors import EosError
+from airflow_eos.core.source import LIBRDKAFKA_LOG
 
 PROG = "airflow-eos"
 __all__ = ["main", "build_parser", "parse_duration", "OK", "VIOLATIONS", "USAGE"]
@@ -160,6 +161,18 @@ def _demo() -> int:
 # --------------------------------------------------------------------------- entry point
 
 
+def _log_to(err: TextIO, *, verbose: bool) -> None:
+    """Log to ``err`` (where no logging is configured yet: the console script).
+    The Kafka clients' own records (``airflow_eos.librdkafka``: a refused
+    connection, "1/1 brokers are down") only with ``-v``: an error that gives up
+    on the cluster already names the last of them, in its one line."""
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    if not verbose:
+        handler.addFilter(lambda record: record.name != LIBRDKAFKA_LOG.name)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
+
+
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
     out = out or sys.stdout
@@ -169,8 +182,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return exc.code if isinstance(exc.code, int) else USAGE
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=err,
-                        format="%(levelname)s %(name)s: %(message)s")
+    _log_to(err, verbose=args.verbose)
     try:
         return args.run(args, out)
     except (UsageError, EosError, psycopg.Error, KafkaException) as exc:

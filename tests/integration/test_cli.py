@@ -595,3 +595,22 @@ def test_sweep_through_airflow_connections_names_a_kafka_target_it_cannot_reach(
     assert row.split()[-1] == "postgresql:public.orders"  # swept by the claimed table's sink
     assert execute(pg_url, "SELECT state FROM eos.attempts WHERE epoch = 2 AND window_start = %s",
                    (claimed.open_attempt.window_start,)) == [("aborted",)]
+
+
+def test_an_unreachable_broker_is_exactly_one_stderr_line_from_the_console_script(pg_url, committed):
+    """As a user runs it (a process of its own, Python's default logging): exit 2,
+    one line on stderr, nothing on stdout; no raw librdkafka line (issue 33)."""
+    import os
+
+    address = f"127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOS_")}
+    for argv in (["status", "--pipeline", PIPELINE], ["verify", "--pipeline", PIPELINE, "--table", "orders"]):
+        done = subprocess.run([str(SCRIPT), *argv, "--postgres-url", pg_url, "--kafka-bootstrap", address,
+                               "--kafka-timeout", "2"], capture_output=True, text=True, timeout=120, env=env)
+        assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+        assert f"Kafka at {address}" in done.stderr and "rdkafka" not in done.stderr, done.stderr
+    verbose = subprocess.run([str(SCRIPT), "status", "--pipeline", PIPELINE, "-v", "--postgres-url", pg_url,
+                              "--kafka-bootstrap", address, "--kafka-timeout", "2"],
+                             capture_output=True, text=True, timeout=120, env=env)
+    assert verbose.returncode == 2 and "airflow_eos.librdkafka" in verbose.stderr  # -v: the clients' log too
