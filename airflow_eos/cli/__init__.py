@@ -78,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "exactly once in the target (through the lineage columns eos_topic, eos_partition, "
                     "eos_offset) or is a dead letter of the window; no row without a record; row counts and "
                     "partition offsets as the ledger says. A target without lineage columns is checked per "
-                    "window by counts. Without --table or --topic, the target is the one the pipeline's claim "
-                    "in the ledger records (as its DAG's plan wrote it). Exit code 1 on any violation.")
+                    "window by counts. Without --table, --topic or --path, the target is the one the pipeline's "
+                    "claim in the ledger records (as its DAG's plan wrote it); a target named while the claim "
+                    "records another is refused (exit code 2), naming the claimed one. Exit code 1 on any "
+                    "violation.")
     check.add_argument("--pipeline", required=True, help="the pipeline id")
     target = check.add_mutually_exclusive_group()
     target.add_argument("--table", metavar="TABLE",
@@ -90,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(on the cluster of --kafka-bootstrap / --kafka-config, or the Airflow connection) "
                              "(read to its end with read_committed; records count by the commits the ledger "
                              "records)")
+    target.add_argument("--path", metavar="ROOT",
+                        help="a file target's root directory (FileTarget path: an absolute path or file:///...), "
+                             "its ledger this database")
     check.add_argument("--count-column", metavar="COLUMN",
                        help="aggregate targets: a column whose per-window sum plus dead letters must equal the "
                             "window's records in Kafka")
