@@ -1,6 +1,6 @@
 """Every Markdown file the repository's docs and sources point a reader to
-exists in the repository (issue 33: docs/guarantees.md sent readers to an
-ENVIRONMENT.md the repository does not have)."""
+exists in the repository (issue 33: docs/guarantees.md sent readers to a
+notes file on the build machines, not in the repository)."""
 
 from __future__ import annotations
 
