@@ -122,13 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "its producers (ending a transaction a dead committer left open): it needs the topic's "
                     "cluster: the Airflow connection the target names (with --postgres-conn-id or "
                     "--kafka-conn-id), or --kafka-bootstrap / --kafka-config for the connection --kafka-conn-id "
-                    "names (default kafka_default).")
+                    "names (default kafka_default). A file root's sink also publishes windows whose commit was "
+                    "decided but not completed. The output lists attempts aborted, decided windows finished and "
+                    "attempts left live, with --dry-run in the same form.")
     sweep.add_argument("--older-than", required=True, type=parse_duration, metavar="DURATION",
                        help="e.g. 30m, 2h, 1d or 1h30m")
     sweep.add_argument("--table", metavar="TABLE",
                        help="sweep only the pipelines claimed for this PostgreSQL table, and those claimed for "
                             "no target (aborting only drops their staging; the table itself is never touched)")
-    sweep.add_argument("--dry-run", action="store_true", help="list what would be aborted, abort nothing")
+    sweep.add_argument("--dry-run", action="store_true", help="list what the sweep would do (attempts to abort, decided windows to finish), "
+                            "change nothing")
     sweep.set_defaults(run=cmd_sweep)
 
     release = sub.add_parser(
