@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--table", metavar="TABLE",
                        help="sweep only the pipelines claimed for this PostgreSQL table, and those claimed for "
                             "no target (aborting only drops their staging; the table itself is never touched)")
-    sweep.add_argument("--dry-run", action="store_true", help="list what the sweep would do (attempts to abort, decided windows to finish), "
+    sweep.add_argument("--dry-run", action="store_true",
+                       help="list what the sweep would do (attempts to abort, decided windows to finish), "
                             "change nothing")
     sweep.set_defaults(run=cmd_sweep)
 

@@ -98,10 +98,11 @@ def test_distinct_names_give_distinct_asset_uris(uri_of):
     names = [*AWKWARD, "a", "a%23b", "a%3Fb"]  # "a#b" cut short would be "a"; "%23" must not equal "#"
     uris = [uri_of(name) for name in names]
     assert len(set(uris)) == len(names), uris
-    assert len({Asset_uri(u) for u in uris}) == len(names)
+    assert len({_kept_uri(u) for u in uris}) == len(names)
 
 
-def Asset_uri(uri):  # noqa: N802 - the URI Airflow keeps for an Asset
+def _kept_uri(uri):
+    """The URI Airflow keeps for an Asset."""
     from airflow.sdk import Asset
 
     return Asset(uri).uri
