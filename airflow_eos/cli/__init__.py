@@ -32,6 +32,7 @@ from airflow_eos.cli.status import cmd_release, cmd_status
 from airflow_eos.cli.sweep import cmd_sweep
 from airflow_eos.cli.verify import cmd_verify
 from airflow_eos.core.errors import EosError
+from airflow_eos.core.source import LIBRDKAFKA_LOG
 
 PROG = "airflow-eos"
 __all__ = ["main", "build_parser", "parse_duration", "OK", "VIOLATIONS", "USAGE"]
@@ -77,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "exactly once in the target (through the lineage columns eos_topic, eos_partition, "
                     "eos_offset) or is a dead letter of the window; no row without a record; row counts and "
                     "partition offsets as the ledger says. A target without lineage columns is checked per "
-                    "window by counts. Without --table or --topic, the target is the one the pipeline's claim "
-                    "in the ledger records (as its DAG's plan wrote it). Exit code 1 on any violation.")
+                    "window by counts. Without --table, --topic or --path, the target is the one the pipeline's "
+                    "claim in the ledger records (as its DAG's plan wrote it); a target named while the claim "
+                    "records another is refused (exit code 2), naming the claimed one. Exit code 1 on any "
+                    "violation.")
     check.add_argument("--pipeline", required=True, help="the pipeline id")
     target = check.add_mutually_exclusive_group()
     target.add_argument("--table", metavar="TABLE",
@@ -89,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(on the cluster of --kafka-bootstrap / --kafka-config, or the Airflow connection) "
                              "(read to its end with read_committed; records count by the commits the ledger "
                              "records)")
+    target.add_argument("--path", metavar="ROOT",
+                        help="a file target's root directory (FileTarget path: an absolute path or file:///...), "
+                             "its ledger this database")
     check.add_argument("--count-column", metavar="COLUMN",
                        help="aggregate targets: a column whose per-window sum plus dead letters must equal the "
                             "window's records in Kafka")
@@ -116,13 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "its producers (ending a transaction a dead committer left open): it needs the topic's "
                     "cluster: the Airflow connection the target names (with --postgres-conn-id or "
                     "--kafka-conn-id), or --kafka-bootstrap / --kafka-config for the connection --kafka-conn-id "
-                    "names (default kafka_default).")
+                    "names (default kafka_default). A file root's sink also publishes windows whose commit was "
+                    "decided but not completed. The output lists attempts aborted, decided windows finished and "
+                    "attempts left live, with --dry-run in the same form.")
     sweep.add_argument("--older-than", required=True, type=parse_duration, metavar="DURATION",
                        help="e.g. 30m, 2h, 1d or 1h30m")
     sweep.add_argument("--table", metavar="TABLE",
                        help="sweep only the pipelines claimed for this PostgreSQL table, and those claimed for "
                             "no target (aborting only drops their staging; the table itself is never touched)")
-    sweep.add_argument("--dry-run", action="store_true", help="list what would be aborted, abort nothing")
+    sweep.add_argument("--dry-run", action="store_true",
+                       help="list what the sweep would do (attempts to abort, decided windows to finish), "
+                            "change nothing")
     sweep.set_defaults(run=cmd_sweep)
 
     release = sub.add_parser(
@@ -160,6 +170,18 @@ def _demo() -> int:
 # --------------------------------------------------------------------------- entry point
 
 
+def _log_to(err: TextIO, *, verbose: bool) -> None:
+    """Log to ``err`` (where no logging is configured yet: the console script).
+    The Kafka clients' own records (``airflow_eos.librdkafka``: a refused
+    connection, "1/1 brokers are down") only with ``-v``: an error that gives up
+    on the cluster already names the last of them, in its one line."""
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    if not verbose:
+        handler.addFilter(lambda record: record.name != LIBRDKAFKA_LOG.name)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
+
+
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
     out = out or sys.stdout
@@ -169,8 +191,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: T
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return exc.code if isinstance(exc.code, int) else USAGE
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=err,
-                        format="%(levelname)s %(name)s: %(message)s")
+    _log_to(err, verbose=args.verbose)
     try:
         return args.run(args, out)
     except (UsageError, EosError, psycopg.Error, KafkaException) as exc:

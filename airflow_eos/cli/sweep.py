@@ -11,6 +11,7 @@ from airflow_eos.cli.output import table, when
 from airflow_eos.cli.status import require_ledger
 from airflow_eos.cli.targets import UnknownTarget, spec_for
 from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.sweep import SweepReport, sweep_report
 from airflow_eos.targets.postgres.target import PostgresTarget
 
 
@@ -35,21 +36,39 @@ def cmd_sweep(args, out: TextIO) -> int:
         for target, why in unknown:
             print(f"not swept: target {target} ({why})", file=out)
         sinks.append(PostgresTarget(url, "eos.windows"))  # pipelines claimed for no target
-    verb = "would abort" if args.dry_run else "aborted"
-    rows = []
-    for sink in sinks:
-        stale = (sink.stale_attempts(args.older_than, now=now) if args.dry_run
-                 else sink.sweep(args.older_than, now=now))
-        rows += [(a.pipeline, a.window_start, a.window_end, a.epoch, a.staging,
-                  claimed.get(a.pipeline) or f"(no claim; as {sink.target_id})") for a in stale]
-    if not rows:
-        scope = f"of target {sinks[0].target_id} " if args.table else ""
-        print(f"nothing to sweep: no live attempt {scope}opened before {when(cutoff)} UTC", file=out)
+    reports = [sweep_report(sink, args.older_than, now=now, dry_run=args.dry_run) for sink in sinks]
+    scope = f"of target {sinks[0].target_id} " if args.table else ""
+    if all(r.empty for r in reports):
+        print(f"nothing to sweep: no live attempt {scope}opened before {when(cutoff)} UTC, no decided window "
+              "to finish", file=out)
         return OK
-    print(f"{verb} {len(rows)} attempt(s) opened before {when(cutoff)} UTC:", file=out)
-    print(table(["pipeline", "window start (UTC)", "window end (UTC)", "epoch", "staging", "target"], rows),
-          file=out)
+    print_sweep(reports, claimed, cutoff, out)
     return OK
+
+
+def print_sweep(reports: Sequence[SweepReport], claimed: dict[str, str], cutoff: datetime, out: TextIO) -> None:
+    """What the sweep did (a dry run: would do), in the same words either way:
+    attempts aborted, decided windows finished, attempts left live."""
+    dry = any(r.dry_run for r in reports)
+
+    def rows(field: str) -> list[tuple]:
+        return [(a.pipeline, a.window_start, a.window_end, a.epoch, a.staging,
+                 claimed.get(a.pipeline) or f"(no claim; as {r.target})") for r in reports for a in getattr(r, field)]
+
+    columns = ["pipeline", "window start (UTC)", "window end (UTC)", "epoch", "staging", "target"]
+    aborted, finished, left = rows("aborted"), rows("finished"), rows("left")
+    print(f"{'would abort' if dry else 'aborted'} {len(aborted)} attempt(s) opened before {when(cutoff)} UTC"
+          + (":" if aborted else ""), file=out)
+    if aborted:
+        print(table(columns, aborted), file=out)
+    if finished:
+        print(f"{'would finish' if dry else 'finished'} publishing {len(finished)} decided window(s) (a commit "
+              "that died after its decision; epoch: the committed attempt):", file=out)
+        print(table(columns, finished), file=out)
+    if left:
+        print(f"left {len(left)} attempt(s) live: they could not be aborted now (the log says why; the next sweep "
+              "tries again):", file=out)
+        print(table(columns, left), file=out)
 
 
 def _sweep_sinks(targets: Sequence[str], conns: Connections) -> tuple[list[Any], list[tuple[str, str]]]:

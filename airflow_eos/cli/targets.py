@@ -19,19 +19,40 @@ class UnknownTarget(Exception):
     or a Kafka cluster it was not given); the message says why."""
 
 
-def claimed_target(ledger: Ledger, pipeline: str) -> str:
-    """The target identity the pipeline's claim records; a UsageError saying
-    what to pass when it records none."""
+def recorded_target(ledger: Ledger, pipeline: str) -> str | None:
+    """The target identity the pipeline's claim records; None when it records
+    none (no claim: never planned, planned before claims, or released; or a
+    claim whose plan named no target)."""
     from airflow_eos.cli.status import require_ledger  # the one check of "is this a ledger"
 
     with ledger.connect() as conn:
         require_ledger(conn, ledger)
         claim = ledger.load_claim(conn, pipeline) if ledger.records_claims(conn) else None
-    if claim is None or not claim.target:
-        why = "has no claim" if claim is None else "was planned without naming its target"
-        raise UsageError(f"pipeline {pipeline!r} {why} in the ledger, so its target is not known: pass --table "
-                         "(or --topic for a Kafka target)")
-    return claim.target
+    return claim.target if claim is not None and claim.target else None
+
+
+def claimed_target(ledger: Ledger, pipeline: str) -> str:
+    """The target identity the pipeline's claim records; a UsageError saying
+    what to pass when it records none."""
+    recorded = recorded_target(ledger, pipeline)
+    if recorded is None:
+        raise UsageError(f"pipeline {pipeline!r} has no claim naming its target in the ledger (never planned by a "
+                         "DAG, planned without its target, or released), so its target is not known: name it with "
+                         "--table, --topic (a Kafka target) or --path (a file target's root)")
+    return recorded
+
+
+def named_target(args: Any, conns: Connections) -> str | None:
+    """The target identity the CLI's --table / --topic / --path name (as a
+    claim records it: ``postgresql:table``, ``kafka:conn_id/topic``,
+    ``files:/root``); None when none is given."""
+    if getattr(args, "table", None):
+        return f"postgresql:{args.table}"
+    if getattr(args, "topic", None):
+        return f"kafka:{conns.kafka_conn_id}/{args.topic}"
+    if getattr(args, "path", None):
+        return f"files:{args.path}"
+    return None
 
 
 def spec_for(target_id: str, conns: Connections) -> TargetSpec:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 import psycopg
 
-from airflow_eos.cli.connections import OK, VIOLATIONS, UsageError, resolve
+from airflow_eos.cli.connections import OK, VIOLATIONS, Connections, UsageError, resolve
 from airflow_eos.cli.output import JSON, print_json, table
-from airflow_eos.cli.targets import UnknownTarget, claimed_target, spec_for
+from airflow_eos.cli.targets import UnknownTarget, claimed_target, named_target, recorded_target, spec_for
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import LedgerUnavailable
 from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.target import TargetSpec
 from airflow_eos.verify import OFFSETS, VerifyReport, verify
 from airflow_eos.verify.report import VIOLATION, window_result
 
@@ -20,15 +21,7 @@ from airflow_eos.verify.report import VIOLATION, window_result
 def cmd_verify(args, out: TextIO) -> int:
     conns = resolve(args, kafka_required=True)
     ledger = Ledger(conns.postgres_url)
-    target: Any = args.table
-    if args.topic:
-        target = spec_for(f"kafka:{conns.kafka_conn_id}/{args.topic}", conns)
-    elif not args.table:
-        recorded = claimed_target(ledger, args.pipeline)
-        try:
-            target = spec_for(recorded, conns)
-        except UnknownTarget as exc:
-            raise UsageError(f"cannot verify target {recorded} of pipeline {args.pipeline!r}: {exc}") from None
+    target = verified_target(args, conns, ledger)
     report = verify(ledger, conns.kafka_config, target, args.pipeline, count_column=args.count_column,
                     max_examples=args.max_examples, timeout=args.kafka_timeout,
                     max_timestamp_skew=args.max_timestamp_skew)
@@ -38,6 +31,24 @@ def cmd_verify(args, out: TextIO) -> int:
     else:
         print_report(report, out, limit=args.limit)
     return OK if report.clean else VIOLATIONS
+
+
+def verified_target(args, conns: Connections, ledger: Ledger) -> TargetSpec:
+    """The bound spec verify audits: the target --table / --topic / --path
+    names, else the one the pipeline's claim records. A named target the
+    pipeline is claimed for another than is refused, naming the claimed one:
+    auditing it would report every record of the pipeline as missing."""
+    named = named_target(args, conns)
+    recorded = claimed_target(ledger, args.pipeline) if named is None else recorded_target(ledger, args.pipeline)
+    try:
+        spec = spec_for(named or recorded, conns)
+    except UnknownTarget as exc:
+        raise UsageError(f"cannot verify target {named or recorded} of pipeline {args.pipeline!r}: {exc}") from None
+    if named is not None and recorded is not None and spec.target_id != recorded:
+        raise UsageError(f"pipeline {args.pipeline!r} is claimed for target {recorded}, not {spec.target_id}: its "
+                         f"windows are published there; verify it without --table/--topic/--path (the claimed "
+                         f"target), or, if the pipeline moved on purpose, `airflow-eos release` it first")
+    return spec
 
 
 def record_last_verify(ledger: Ledger, report: VerifyReport) -> None:

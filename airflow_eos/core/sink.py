@@ -304,6 +304,21 @@ class Sink(ABC):
             stale = attempts.stale_attempts(conn, cutoff, claims=self.ledger.records_claims(conn))
         return [a for a, claimed in stale if claimed == target or (claimed is None and self.sweeps_unclaimed(a))]
 
+    def pending_publications(self) -> list[Attempt]:
+        """The committed attempts of windows whose commit was decided but not
+        completed, which :meth:`sweep` finishes (a file target: decided, not
+        yet renamed into place), oldest first. None by default: a target whose
+        decision and publication are one transaction has none."""
+        return []
+
+    def sweep_finishes(self, attempt: Attempt) -> bool:
+        """Would :meth:`sweep` record ``attempt`` (one of
+        :meth:`stale_attempts`) as committed rather than abort it? A target
+        whose commit is decided outside the ledger (a Kafka transaction) says
+        so, from what it can read without changing anything; False by
+        default. For a dry run: :func:`airflow_eos.core.sweep.sweep_report`."""
+        return False
+
     def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
         """Abort this target's attempts left live longer than ``older_than``
         (zombies nobody aborted; see :meth:`stale_attempts`). Attempts of

@@ -126,6 +126,22 @@ class TargetSpec(ABC):
         names connections. Nothing by default."""
 
 
+# What a part of an asset URI keeps as it is: a path its RFC 3986 path characters
+# but "%" (so an ASCII path of them names the asset it always named), a host its
+# "host:port" and IPv6 brackets, a name inside a path (a table, a topic) nothing
+# but letters, digits and "_.-~" (as these URIs always quoted them).
+PATH, HOST, SEGMENT = "/:@!$&'()*+,;=", ":[]", ""
+
+
+def uri_part(text: str, safe: str = SEGMENT) -> str:
+    """``text`` percent-encoded (as UTF-8) for an asset URI, the one encoding
+    every target's :attr:`TargetSpec.asset_uri` uses: ``%``, ``#``, ``?``,
+    spaces and every non-ASCII character always, so that Airflow accepts the
+    URI (it must be ASCII), no fragment or query cuts it short, and two
+    different names never give one URI. ``safe``: PATH, HOST or SEGMENT."""
+    return quote(text, safe=safe)
+
+
 def kafka_asset_uri(kafka_config: Mapping[str, Any], topic: str) -> str:
     """``kafka://broker/topic``, the Kafka provider's asset URI of a topic: the
     first of ``bootstrap.servers`` (without a listener name such as ``SASL_SSL://``)."""
@@ -133,7 +149,7 @@ def kafka_asset_uri(kafka_config: Mapping[str, Any], topic: str) -> str:
     first = servers.split(",")[0].strip().rpartition("://")[2]
     if not first:
         raise ConfigurationError(f"no bootstrap.servers to name topic {topic!r} by: resolve the Kafka connection first")
-    return f"kafka://{first}/{quote(topic, safe='')}"
+    return f"kafka://{uri_part(first, HOST)}/{uri_part(topic)}"
 
 
 @cache

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 import attr
 from airflow.providers.openlineage.extractors import OperatorLineage
@@ -64,12 +65,14 @@ class EosWindowRunFacet(RunFacet):
 
 
 def dataset(uri: str) -> tuple[str, str]:
-    """(namespace, name) of an asset URI, by the converter its scheme's provider registers."""
+    """(namespace, name) of an asset URI, by the converter its scheme's provider
+    registers; the name decoded from the URI's percent-encoding (``uri_part``),
+    so a root ``/data/a b`` or a table ``t ü`` is named as its owner names it."""
     converted = translate_airflow_asset(Asset(uri), None)
     if converted is None:
         raise ConfigurationError(f"no OpenLineage converter for the asset {uri!r}: is the provider of its scheme "
                                  "installed?")
-    return converted.namespace, converted.name
+    return converted.namespace, unquote(converted.name)
 
 
 def window_facet(window: Mapping[str, Any], commit: Mapping[str, Any] | None = None) -> EosWindowRunFacet:

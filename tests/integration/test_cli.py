@@ -595,3 +595,54 @@ def test_sweep_through_airflow_connections_names_a_kafka_target_it_cannot_reach(
     assert row.split()[-1] == "postgresql:public.orders"  # swept by the claimed table's sink
     assert execute(pg_url, "SELECT state FROM eos.attempts WHERE epoch = 2 AND window_start = %s",
                    (claimed.open_attempt.window_start,)) == [("aborted",)]
+
+
+def test_an_unreachable_broker_is_exactly_one_stderr_line_from_the_console_script(pg_url, committed):
+    """As a user runs it (a process of its own, Python's default logging): exit 2,
+    one line on stderr, nothing on stdout; no raw librdkafka line (issue 33)."""
+    import os
+
+    address = f"127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOS_")}
+    for argv in (["status", "--pipeline", PIPELINE], ["verify", "--pipeline", PIPELINE, "--table", "orders"]):
+        done = subprocess.run([str(SCRIPT), *argv, "--postgres-url", pg_url, "--kafka-bootstrap", address,
+                               "--kafka-timeout", "2"], capture_output=True, text=True, timeout=120, env=env)
+        assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+        assert f"Kafka at {address}" in done.stderr and "rdkafka" not in done.stderr, done.stderr
+    verbose = subprocess.run([str(SCRIPT), "status", "--pipeline", PIPELINE, "-v", "--postgres-url", pg_url,
+                              "--kafka-bootstrap", address, "--kafka-timeout", "2"],
+                             capture_output=True, text=True, timeout=120, env=env)
+    assert verbose.returncode == 2 and "airflow_eos.librdkafka" in verbose.stderr  # -v: the clients' log too
+
+
+def test_verify_refuses_a_target_the_pipeline_is_not_claimed_for_and_names_a_file_root_with_path(
+        pg_url, kafka_config, ledger, tmp_path):
+    """A pipeline claimed for a file root: --topic / --table naming another target
+    is refused with one line naming the claimed one (not 30 false "missing");
+    --path names a file target, also after `release` (issue 33)."""
+    from airflow_eos.targets.files import FileTarget
+
+    root = tmp_path / "lake"
+    root.mkdir()
+    sink = FileTarget(path=str(root), ledger_url=pg_url).sink()
+    build(ledger, kafka_config, sink)
+    execute(pg_url, "UPDATE eos.pipelines SET target = %s", (sink.target_id,))  # as the DAG's first plan claims it
+    flags = ["--pipeline", PIPELINE, "--postgres-url", pg_url, "--kafka-bootstrap", kafka_config["bootstrap.servers"]]
+    for other in (["--topic", "other"], ["--table", "orders"], ["--path", str(tmp_path / "elsewhere")]):
+        code, out, err = run("verify", *flags, *other)
+        assert (code, out) == (2, ""), out + err
+        [line] = err.splitlines()
+        assert f"pipeline {PIPELINE!r} is claimed for target {sink.target_id}, not " in line, line
+        assert "release" in line and "missing" not in line
+
+    for named in ([], ["--path", str(root)], ["--path", f"file://{root}/"]):
+        code, out, err = run("verify", *flags, *named)
+        assert (code, err) == (0, ""), out + err
+        assert "CLEAN: every record of 3 committed window(s)" in out and str(root) in out.splitlines()[0]
+
+    assert run("release", "--pipeline", PIPELINE, "--postgres-url", pg_url)[0] == 0
+    code, out, err = run("verify", *flags)
+    assert code == 2 and "--path (a file target's root)" in err, err
+    code, out, err = run("verify", *flags, "--path", str(root))
+    assert (code, err) == (0, "") and "CLEAN" in out, out + err

@@ -57,3 +57,62 @@ def test_a_window_lineage_has_topics_in_target_out_and_the_window_facet():
                                                   ("skipped", 0)])
 def test_only_a_publishing_commit_counts_rows_written(outcome, written):
     assert rows_written({"outcome": outcome, "published_rows": 7}) == written
+
+
+# Names an asset URI must carry whole (issue 33): a space, a non-ASCII letter, and
+# the characters that end a URI's path (#, ?) or start an escape (%).
+AWKWARD = ["a b", "ü", "a#b", "a?b", "a%20b", "a%b", "ü #?%"]
+
+
+def _file_uri(name):
+    return FileTarget(path=f"/data/lake/{name}").asset_uri
+
+
+def _table_uri(name):
+    return PostgresTarget(table=f'analytics."{name}"').with_url("postgresql://eos:pw@db.example:6543/shop").asset_uri
+
+
+def _topic_uri(name):
+    """A KafkaTarget's topic is letters, digits, '.', '_', '-' (the spec refuses others); a
+    source topic's URI is built by the same function without that check."""
+    return kafka_asset_uri(KAFKA, name)
+
+
+@pytest.mark.parametrize("name", AWKWARD)
+@pytest.mark.parametrize("uri_of", [_file_uri, _table_uri, _topic_uri], ids=["files", "postgres", "kafka"])
+def test_an_awkward_name_is_a_whole_ascii_asset_uri_that_airflow_accepts(uri_of, name):
+    from urllib.parse import unquote, urlsplit
+
+    from airflow.sdk import Asset
+
+    uri = uri_of(name)
+    assert uri.isascii() and not {"#", "?", " "} & set(uri), uri
+    assert Asset(uri).uri == uri  # accepted, nothing cut off as a fragment or a query
+    assert unquote(urlsplit(uri).path).endswith("/" + name), uri  # the round trip names the same thing
+    namespace, dataset_name = dataset(uri)
+    assert dataset_name.endswith(name) and namespace.isascii()
+
+
+@pytest.mark.parametrize("uri_of", [_file_uri, _table_uri, _topic_uri], ids=["files", "postgres", "kafka"])
+def test_distinct_names_give_distinct_asset_uris(uri_of):
+    names = [*AWKWARD, "a", "a%23b", "a%3Fb"]  # "a#b" cut short would be "a"; "%23" must not equal "#"
+    uris = [uri_of(name) for name in names]
+    assert len(set(uris)) == len(names), uris
+    assert len({_kept_uri(u) for u in uris}) == len(names)
+
+
+def _kept_uri(uri):
+    """The URI Airflow keeps for an Asset."""
+    from airflow.sdk import Asset
+
+    return Asset(uri).uri
+
+
+def test_a_plain_ascii_asset_uri_is_unchanged():
+    """Assets users already schedule on keep their names."""
+    assert FileTarget(path="/data/lake/orders-v2_x.y~z:1@h+a,b=c").asset_uri == \
+        "file:///data/lake/orders-v2_x.y~z:1@h+a,b=c"
+    assert _table_uri("orders_2") == "postgres://db.example:6543/shop/analytics/orders_2"
+    assert KafkaTarget(topic="orders.v2-x_y").bind({"kafka": KAFKA, "ledger": "postgresql://u:pw@h/db"}).asset_uri \
+        == "kafka://b1.example:9093/orders.v2-x_y"
+    assert kafka_asset_uri({"bootstrap.servers": "[::1]:9092"}, "t") == "kafka://[::1]:9092/t"

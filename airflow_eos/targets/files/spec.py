@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
-from airflow_eos.core.target import POSTGRES, ConnectionRef, TargetSpec
+from airflow_eos.core.target import PATH, POSTGRES, ConnectionRef, TargetSpec, uri_part
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION, Layout
 
 if TYPE_CHECKING:
@@ -193,7 +193,9 @@ class FileTarget(TargetSpec):
 
     @property
     def asset_uri(self) -> str:
-        return "file://" + self.root
+        """``file:///root``, the root percent-encoded (``uri_part``): a root with
+        a space, ``ü``, ``#`` or ``?`` names its own asset, not a cut-short one."""
+        return "file://" + uri_part(self.root, PATH)
 
     @property
     def label(self) -> str:

@@ -18,6 +18,7 @@ from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import PREPARED, Attempt
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.windows import Window
+from airflow_eos.targets.kafka import client
 
 log = logging.getLogger(__name__)
 
@@ -57,3 +58,18 @@ class KafkaAbort:
         abort its live attempts."""
         self.finish(window)
         return super().abort_window(window, reason)
+
+    def sweep_finishes(self, attempt: Attempt) -> bool:
+        """Would the sweep record this stale attempt as committed? Yes if it is
+        prepared (its commit may have reached Kafka) and the window's marker
+        names its epoch. Read without fencing the window's producers (a dry
+        run changes nothing): a transaction still in flight is not seen."""
+        with self.ledger.connect() as conn, conn.transaction():
+            row = conn.execute("SELECT state FROM eos.attempts WHERE pipeline = %s AND window_start = %s"
+                               " AND epoch = %s", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
+            plan = self.ledger.load_plan(conn, attempt.window) if row is not None and row[0] == PREPARED else None
+        if plan is None:
+            return False
+        ends = {r.tp: r.end_offset for r in plan.ranges}
+        marker = client.read_marker(self.kafka_config, self.marker_group(attempt), self.topic, ends)
+        return marker is not None and marker.epoch == attempt.epoch

@@ -61,7 +61,6 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
-from urllib.parse import quote
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt, Checkpoint
@@ -70,7 +69,7 @@ from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPr
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger, WindowState
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, Sink, skip_committed
-from airflow_eos.core.target import DEFAULT_CONN_IDS, POSTGRES, ConnectionRef, TargetSpec
+from airflow_eos.core.target import DEFAULT_CONN_IDS, POSTGRES, ConnectionRef, TargetSpec, uri_part
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.postgres import publish, shape, staging
 from airflow_eos.targets.postgres.names import (
@@ -221,8 +220,8 @@ class PostgresTarget(TargetSpec, Sink):
         port = str(params.get("port") or "5432").split(",")[0]
         database = params.get("dbname") or params.get("user") or "postgres"
         schema, table = parse_table_name(self.table)
-        path = "/".join(quote(str(part), safe="") for part in (database, schema or "public", table))
-        return f"postgres://{quote(host, safe='')}:{port}/{path}"
+        path = "/".join(uri_part(str(part)) for part in (database, schema or "public", table))
+        return f"postgres://{uri_part(host)}:{uri_part(port)}/{path}"
 
     @property
     def label(self) -> str:
