@@ -66,7 +66,7 @@ def forget_marker(admin, spec) -> None:
 
 def read_lineage(bootstrap: str, topic: str, token: int | None, timeout: float = 300.0) -> tuple[int, set]:
     """A ``read_committed`` read of ``topic`` from its start to the end of
-    each partition (EOF: the embedded broker's high watermark is wrong):
+    each partition (EOF, never the high watermark):
     how many records carry commit token ``token`` (every record if None),
     and their distinct (source partition, offset)."""
     from confluent_kafka import Consumer, KafkaError

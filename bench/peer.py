@@ -143,8 +143,7 @@ def run_peer(dag, bench, size: int, url: str, run_after, group: str, kill_after_
     os.environ[f"AIRFLOW_CONN_{PEER_CONN_ID.upper()}"] = json.dumps({"conn_type": "kafka", "extra": {
         "bootstrap.servers": bench.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
         "enable.auto.commit": "false", "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 10,
-        # The embedded broker answers a new group's JoinGroup after half the session timeout (22.5 s
-        # with the default 45 s); 6 s (Kafka's minimum) makes it 3 s, as Kafka's initial rebalance delay.
+        # 6 s, Kafka's minimum: a killed peer's member leaves the group soon (the default is 45 s).
         "session.timeout.ms": 6000}})
     _fresh_peer_table(url)
     _PEER_TASK.clear()
@@ -247,9 +246,8 @@ def peer_section(res: dict) -> str:
         "```\n\n",
         "Its connection: a consumer group of its own per run, `auto.offset.reset` earliest, `enable.auto.commit` "
         "false (the provider's docs ask for it with a commit cadence), `fetch.wait.max.ms` and "
-        "`fetch.queue.backoff.ms` 10 (as the window's reader), `session.timeout.ms` 6000 (the embedded broker "
-        "answers a new group's join after half the session timeout: 3 s so, as Kafka's default initial "
-        "rebalance delay; 22.5 s with the default 45 s). One PostgreSQL connection kept open by the task; "
+        "`fetch.queue.backoff.ms` 10 (as the window's reader), `session.timeout.ms` 6000 (Kafka's minimum: "
+        "the killed peer's member leaves the group soon). One PostgreSQL connection kept open by the task; "
         "each batch is COPYed and committed when the function returns (the function has no hook at the "
         "operator's end, so this is where a batch becomes durable). The table has the orders table's columns "
         "and no unique index (with the window's lineage key, a retry of the peer could not write at all); the "

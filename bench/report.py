@@ -325,7 +325,7 @@ def _ratios_section(res: dict) -> str:
 CPU_COLUMNS = {"ceiling_consume": "consume ceiling", "ceiling_copy": "COPY ceiling",
                "ceiling_spark_read": "Spark read ceiling", "exactly_once": "exactly-once (§2)",
                "at_least_once": "at-least-once (§3)"}
-CPU_ROWS = {"broker": "broker (Tansu)", "spark": "Spark: JVM and Python workers",
+CPU_ROWS = {"broker": "broker (Apache Kafka)", "spark": "Spark: JVM and Python workers",
             "postgres": "PostgreSQL: postmaster and backends",
             "bench": "this process: Airflow's tasks (dag.test), the clients, the read ceiling's driver",
             "ended": "consumer processes (consume ceiling)"}

@@ -3,7 +3,7 @@ end to end through the real operators, and an at-least-once baseline doing the
 same work, for windows of several sizes; writes bench/results.md and
 bench/results.json.
 
-Starts its own embedded Kafka-protocol broker, PostgreSQL (or uses
+Starts its own Apache Kafka broker, PostgreSQL (or uses
 EOS_KAFKA_BOOTSTRAP / EOS_POSTGRES_URL) and a local Spark Connect server, and
 stops them. Per window size N (order events, JSON values of ~100 B, 4
 partitions, all inside one hourly window):
