@@ -51,7 +51,9 @@ def local_root(path: str) -> str:
     if not isinstance(path, str) or not path.strip():
         raise ConfigurationError("FileTarget needs path='/absolute/directory' (the root of the published windows)")
     text = path.strip()
-    scheme = urlsplit(text).scheme.lower() if "://" in text else ""
+    # A scheme is what precedes the first ":" of a URL ("file:/x", "file:///x", "s3://b/x"), never of an
+    # absolute path ("/data/a:b").
+    scheme = "" if text.startswith("/") else urlsplit(text).scheme.lower()
     if scheme in OBJECT_STORES:
         raise ConfigurationError(
             f"FileTarget cannot publish into {text} ({OBJECT_STORES[scheme]}): an object store has no atomic "
@@ -74,6 +76,10 @@ def local_root(path: str) -> str:
         if parts.query or parts.fragment:
             raise ConfigurationError(f"{text}: a FileTarget's file:// URL takes no query or fragment")
         text = unquote(parts.path)
+        if not os.path.isabs(text):
+            raise ConfigurationError(
+                f"FileTarget path {path.strip()!r} names no absolute directory: write a local root as "
+                "file:/absolute/path, file:///absolute/path or /absolute/path")
     if not os.path.isabs(text):
         raise ConfigurationError(
             f"FileTarget path {text!r} is relative: give an absolute path, which means the same directory to the "
