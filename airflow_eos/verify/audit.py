@@ -32,6 +32,7 @@ from airflow_eos.verify.report import (
     MISSING,
     MORE,
     OFFSETS,
+    UNPUBLISHED,
     VerifyReport,
     Violation,
     WindowAudit,
@@ -96,6 +97,19 @@ class _Audit:
         self._describe_target()
         for w in self.windows.values():
             self._audit(w.start, w)
+        self._check_unpublished()
+
+    def _check_unpublished(self) -> None:
+        """Windows decided and never published: committed in the ledger, the
+        offsets past them, and not in the target (their records then also
+        show as missing)."""
+        for ws, epoch in sorted(self.ledger.unpublished_windows(self.conn, self.pipeline).items()):
+            self._audit(ws).unpublished = True
+            self.violations.append(Violation(
+                UNPUBLISHED, f"{_at(ws)}: decided, not published: attempt {epoch} is committed in the ledger (the "
+                             f"pipeline's offsets advanced past it) but its publication never reached {self.table}, "
+                             "so readers do not see it. The commit task's log says why; fix that, then retry the "
+                             "commit task or clear the run", ws))
 
     def _describe_target(self) -> None:
         """The target's published rows as its sink gives them, and which of the
