@@ -161,6 +161,12 @@ class Sink(ABC):
         raise NotImplementedError(f"{type(self).__name__} names no target_id: its sweep cannot tell its pipelines "
                                   "from other targets'")
 
+    @property
+    def target_aliases(self) -> tuple[str, ...]:
+        """Other ids this target may be claimed under (see
+        ``TargetSpec.target_aliases``): its sweep takes their pipelines too."""
+        return ()
+
     def sweeps_unclaimed(self, attempt: Attempt) -> bool:
         """May :meth:`sweep` abort ``attempt``, a stale attempt of a pipeline
         claimed for no target (no claim: planned by a version before claims,
@@ -299,10 +305,10 @@ class Sink(ABC):
         pipelines claimed for :attr:`target_id` and those of pipelines claimed
         for no target that :meth:`sweeps_unclaimed` accepts."""
         cutoff = (now or datetime.now(timezone.utc)) - older_than
-        target = self.target_id
+        targets = {self.target_id, *self.target_aliases}
         with self.ledger.connect() as conn, conn.transaction():
             stale = attempts.stale_attempts(conn, cutoff, claims=self.ledger.records_claims(conn))
-        return [a for a, claimed in stale if claimed == target or (claimed is None and self.sweeps_unclaimed(a))]
+        return [a for a, claimed in stale if claimed in targets or (claimed is None and self.sweeps_unclaimed(a))]
 
     def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
         """Abort this target's attempts left live longer than ``older_than``

@@ -389,8 +389,8 @@ class FileCommit:
             rows = conn.execute(
                 "SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table FROM eos.publications p"
                 " JOIN eos.attempts a USING (pipeline, window_start, epoch) JOIN eos.windows w USING (pipeline,"
-                " window_start) WHERE p.target = %s AND p.state = 'decided' ORDER BY p.decided_at",
-                (self.target_id,)).fetchall()
+                " window_start) WHERE p.target = ANY(%s) AND p.state = 'decided' ORDER BY p.decided_at",
+                (self.target_ids,)).fetchall()
         finished = []
         for row in rows:
             pending = Attempt(*row)

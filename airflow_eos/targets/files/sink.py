@@ -44,6 +44,7 @@ from airflow_eos.targets.files.commit import (
     SUPERSEDED_HOW,
     FileCommit,
 )
+from airflow_eos.targets.files.identity import root_aliases, root_id
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION
 from airflow_eos.targets.files.published import LINEAGE_COLUMNS, FilePublished
 from airflow_eos.targets.files.staging import FileStaging, ManifestFile
@@ -76,7 +77,16 @@ class FileSink(FileStaging, FileCommit, FileAbort, FilePublished, Sink):
 
     @property
     def target_id(self) -> str:
-        return "files:" + self.root
+        return root_id(self.root)
+
+    @property
+    def target_aliases(self) -> tuple[str, ...]:
+        return root_aliases(self.root)
+
+    @property
+    def target_ids(self) -> list[str]:
+        """Every id this root's publications may be recorded under (eos.publications.target)."""
+        return [self.target_id, *self.target_aliases]
 
     @property
     def replaces_committed(self) -> bool:

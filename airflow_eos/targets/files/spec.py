@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.target import POSTGRES, ConnectionRef, TargetSpec
+from airflow_eos.targets.files.identity import root_aliases, root_id
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION, Layout
 
 if TYPE_CHECKING:
@@ -186,9 +187,14 @@ class FileTarget(TargetSpec):
 
     @property
     def target_id(self) -> str:
-        """``files:/absolute/root``: two specs naming one directory (a path and
-        its file:// URL, a trailing slash) are one target."""
-        return "files:" + self.root
+        """``files:/real/root``: two specs naming one directory (a path and
+        its file:// URL, a trailing slash, a symlink to it) are one target. Read
+        where the plan runs (the directory's symlinks as the workers see them)."""
+        return root_id(self.root)
+
+    @property
+    def target_aliases(self) -> tuple[str, ...]:
+        return root_aliases(self.root)
 
     @property
     def exclusive(self) -> bool:
