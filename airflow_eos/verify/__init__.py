@@ -52,6 +52,7 @@ from airflow_eos.verify.report import (
     DEAD_AND_PUBLISHED,
     DUPLICATE,
     EXTRA,
+    FOREIGN,
     HELD,
     MISSING,
     MORE,
@@ -123,4 +124,4 @@ def _sink_of(target: TargetSpec | Sink | str, ledger: Ledger) -> tuple[Sink, str
 
 __all__ = ["verify", "VerifyReport", "WindowAudit", "Totals", "Violation", "committed_prefix", "DUPLICATE",
            "DEAD_AND_PUBLISHED", "MISSING", "EXTRA", "COUNT", "CHECKPOINT", "OFFSETS", "SOURCE", "HELD", "MORE",
-           "UNPUBLISHED"]
+           "UNPUBLISHED", "FOREIGN"]

@@ -29,6 +29,7 @@ from airflow_eos.verify.report import (
     DEAD_AND_PUBLISHED,
     DUPLICATE,
     EXTRA,
+    FOREIGN,
     MISSING,
     MORE,
     OFFSETS,
@@ -98,6 +99,18 @@ class _Audit:
         for w in self.windows.values():
             self._audit(w.start, w)
         self._check_unpublished()
+        self._check_unattributed()
+
+    def _check_unattributed(self) -> None:
+        """Rows readers of the target see that no committed window of this
+        pipeline (nor another pipeline the target knows) accounts for: counted
+        as extra rows without a window, each source named."""
+        for u in self.sink.unattributed_rows(self.conn, self.pipeline):
+            self._count(EXTRA, None, u.rows or 0)
+            rows = f"{u.rows} row(s)" if u.rows is not None else "an unreadable file"
+            self.violations.append(Violation(
+                FOREIGN, f"{rows} in {u.where}, which readers of {self.table} see, belong to no committed window "
+                         f"of pipeline {self.pipeline!r}: {u.origin}"))
 
     def _check_unpublished(self) -> None:
         """Windows decided and never published: committed in the ledger, the
