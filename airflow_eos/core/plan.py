@@ -21,7 +21,6 @@ older timestamps belong to the next window.
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import time
 from collections.abc import Callable
