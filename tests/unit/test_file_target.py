@@ -44,7 +44,8 @@ def test_other_bad_roots_are_refused(path, why):
 
 def test_a_path_and_its_file_url_are_one_target():
     assert {FileTarget(path=p).target_id for p in ("/data/x", "/data/x/", "file:///data/x", "file://localhost/data/x/",
-                                                     "/data/./y/../x", "file:/data/x", "file:/data/x/")} == {"files:/data/x"}
+                                                     "/data/./y/../x", "file:/data/x", "file:/data/x/")
+            } == {"files:/data/x"}
     assert FileTarget(path="/data/x").asset_uri == "file:///data/x"
 
 
