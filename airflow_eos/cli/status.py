@@ -17,6 +17,12 @@ from airflow_eos.core.source import KafkaLog, per_partition
 from airflow_eos.core.windows import TopicPartition
 
 ATTEMPT_STATES = tuple(attempts.AttemptState)  # in the order of an attempt's life
+# A window committed in the ledger whose publication has not reached the target (Ledger.unpublished_windows).
+UNPUBLISHED = "decided, not published"
+UNPUBLISHED_ADVICE = ("{n} window(s) decided, not published: committed in the ledger (offsets advanced) but not in "
+                      "the target, so readers do not see them. The commit task's log says why (e.g. a directory "
+                      "in the way); fix that, then retry the commit task or clear the run: it publishes them. "
+                      "Their commits and reruns fail until then.")
 
 
 def cmd_status(args, out: TextIO) -> int:
@@ -45,10 +51,14 @@ def read_status(ledger: Ledger, pipeline: str, *, kafka_config: dict[str, Any] |
         offsets = attempts.load_offsets(conn, pipeline)
         claim = ledger.load_claim(conn, pipeline) if ledger.records_claims(conn) else None
         planned = ledger.planned_partitions(conn, pipeline)
+        unpublished = ledger.unpublished_windows(conn, pipeline)
+
+    def state(w) -> str:
+        return UNPUBLISHED if w.start in unpublished else str(w.state)
 
     by_state: dict[str, int] = {}
     for w in windows:
-        by_state[str(w.state)] = by_state.get(str(w.state), 0) + 1
+        by_state[state(w)] = by_state.get(state(w), 0) + 1
     tps = sorted(planned | set(offsets))
     ends: dict[TopicPartition, int] = {}
     if kafka_config is not None:
@@ -60,7 +70,7 @@ def read_status(ledger: Ledger, pipeline: str, *, kafka_config: dict[str, Any] |
         "claim": claim_json(claim),
         "windows_by_state": dict(sorted(by_state.items())),
         "windows": [{
-            "start": iso(w.start), "end": iso(w.end), "state": str(w.state), "epoch": w.epoch,
+            "start": iso(w.start), "end": iso(w.end), "state": state(w), "epoch": w.epoch,
             "attempts": {str(s): n for s, n in sorted(counts.get(w.start, {}).items(), key=_life_order)},
             "published_rows": w.published_rows, "dead_letter_rows": w.dead_letter_rows,
             "committed_at": iso(w.committed_at),
@@ -93,6 +103,9 @@ def print_status(status: dict[str, Any], out: TextIO, *, limit: int = 50) -> Non
         owner = Claim(status["pipeline"], tuple(claim["topics"]), claim["dag_id"], claim["target"],
                       claim["target_exclusive"]).owner()
         print(f"claimed by {owner}", file=out)
+    unpublished = status["windows_by_state"].get(UNPUBLISHED)
+    if unpublished:
+        print(UNPUBLISHED_ADVICE.format(n=unpublished), file=out)
     if len(shown) < len(windows):
         print(f"showing the latest {len(shown)}; --limit 0 shows all", file=out)
     print(file=out)

@@ -71,7 +71,7 @@ def print_report(report: VerifyReport, out: TextIO, *, limit: int = 50) -> None:
     keep = {id(a) for a in (clean[-limit:] if limit > 0 else clean)}
     shown = [a for a in report.windows if a.window_start in flagged or id(a) in keep]
     t = report.totals
-    rows = [(a.window_start, a.state, a.kafka_records, a.published_rows, a.dead_letters, a.duplicates, a.missing,
+    rows = [(a.window_start, a.shown_state, a.kafka_records, a.published_rows, a.dead_letters, a.duplicates, a.missing,
              a.extra, _result(window_result(a, flagged))) for a in shown]
     rows.append(("total", "", t.kafka_records, t.published_rows, t.dead_letters, t.duplicates, t.missing,
                  t.extra, ""))

@@ -227,6 +227,20 @@ class Ledger:
         start, end, state, *rest = row
         return WindowRecord(start, end, WindowState(state), *rest)
 
+    PUBLICATIONS_SINCE_VERSION = 7
+
+    def unpublished_windows(self, conn: psycopg.Connection, pipeline: str) -> dict[datetime, int]:
+        """The pipeline's windows that are *decided, not published*: committed
+        in the ledger (offsets advanced) by an attempt whose publication, for a
+        target without transactions of its own (eos.publications), has not
+        reached the target: invisible to its readers. window start -> epoch."""
+        if not self._schema_at_least(conn, self.PUBLICATIONS_SINCE_VERSION):
+            return {}
+        return dict(conn.execute(
+            "SELECT w.window_start, w.committed_epoch FROM eos.windows w JOIN eos.publications p"
+            " ON p.pipeline = w.pipeline AND p.window_start = w.window_start AND p.epoch = w.committed_epoch"
+            " WHERE w.pipeline = %s AND w.state = 'committed' AND p.state = 'decided'", (pipeline,)).fetchall())
+
     def pipelines_with_windows(self, conn: psycopg.Connection, *, limit: int) -> list[str]:
         """The first ``limit`` pipelines, by name, that have windows."""
         return [p for (p,) in conn.execute("SELECT DISTINCT pipeline FROM eos.windows ORDER BY 1 LIMIT %s",

@@ -20,6 +20,7 @@ older timestamps belong to the next window.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -148,9 +149,13 @@ class PlanRequest:
     dag_id: str | None = None
     target_id: str | None = None
     target_exclusive: bool = False
+    # Other ids the same target may have been claimed under (TargetSpec.target_aliases): a claim recorded
+    # under one is the claim of target_id, and is recorded so by this plan.
+    target_aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topics", normalise_topics(self.topics, self.window.pipeline))
+        object.__setattr__(self, "target_aliases", tuple(a for a in self.target_aliases if a != self.target_id))
         if self.idle_partition_grace < timedelta(0):
             raise ConfigurationError("idle_partition_grace must not be negative")
         check_skew_rule(self.max_timestamp_skew, self.on_skewed_timestamp, f"pipeline {self.window.pipeline!r}")
@@ -166,6 +171,13 @@ class PlanRequest:
     @property
     def claim(self) -> Claim:
         return Claim(self.window.pipeline, self.topics, self.dag_id, self.target_id, self.target_exclusive)
+
+    def as_claimed(self, claim: Claim | None) -> Claim | None:
+        """A recorded claim, its target read as ``target_id`` when it names one
+        of ``target_aliases`` (the same target, spelt as an earlier version did)."""
+        if claim is None or claim.target not in self.target_aliases:
+            return claim
+        return dataclasses.replace(claim, target=self.target_id)
 
 
 def check_readable(plan: WindowPlan, bounds: dict[TopicPartition, Bounds]) -> None:
@@ -214,21 +226,23 @@ def plan_window(
         with conn.transaction():
             # Every plan, also of a frozen window, checks who owns the pipeline:
             # a second DAG clearing a window the first one planned is refused too.
-            claimed = ledger.load_claim(conn, window.pipeline)
+            recorded = ledger.load_claim(conn, window.pipeline)
+            claimed = request.as_claimed(recorded)
             if claimed is not None:
                 _refuse_conflict(own_claim_conflict(claimed, asked))
             frozen = ledger.load_plan(conn, window)
-        claimed_already = claimed is not None and claimed.covers(asked)
+        # a claim recorded under an alias of the target is recorded again under its id
+        claimed_already = claimed is not None and claimed.covers(asked) and claimed == recorded
         if frozen is not None:
             _check_topics(frozen, request)
             if not claimed_already:
-                claim_pipeline(ledger, conn, asked)
+                claim_pipeline(ledger, conn, asked, request.target_aliases)
             check_readable(frozen, per_partition(log_, log_.bounds, sorted({r.tp for r in frozen.ranges})))
             return frozen
 
         tps = log_.partitions(list(request.topics))  # claim only topics that exist
         if not claimed_already:
-            claim_pipeline(ledger, conn, asked)
+            claim_pipeline(ledger, conn, asked, request.target_aliases)
         for _round in range(MAX_FREEZE_ROUNDS):
             started = time.monotonic()
             with conn.transaction():
@@ -271,23 +285,28 @@ def plan_window(
                              "of concurrent planning; try again")
 
 
-def claim_pipeline(ledger: Ledger, conn, asked: Claim) -> None:
+def claim_pipeline(ledger: Ledger, conn, asked: Claim, aliases: tuple[str, ...] = ()) -> None:
     """Record ``asked`` as the pipeline's claim, or fill in what its claim did
     not name yet; raise OwnershipConflict (nothing written) when the pipeline
     belongs to another DAG, topics or target, or another pipeline publishes the
     same records into the target. Claims of one target are serialised, so two
-    pipelines claiming it at once see each other."""
+    pipelines claiming it at once see each other. A claim recorded under one of
+    ``aliases`` (the target's id as an earlier version spelt it) is the
+    target's, and is recorded under its id now."""
+    def as_target(claim: Claim | None) -> Claim | None:
+        return dataclasses.replace(claim, target=asked.target) if claim and claim.target in aliases else claim
+
     with conn.transaction():
         if asked.target is not None:
             ledger.lock_target(conn, asked.target)
         ledger.lock_pipeline(conn, asked.pipeline)
-        claimed = ledger.load_claim(conn, asked.pipeline)
+        claimed = as_target(ledger.load_claim(conn, asked.pipeline))
         if claimed is not None:  # claimed meanwhile, or a claim to fill in
             _refuse_conflict(own_claim_conflict(claimed, asked))
         claim = asked if claimed is None else claimed.filled_from(asked)
         if asked.target is not None:
-            for other in ledger.claims_on_target(conn, asked.target):
-                _refuse_conflict(shared_target_conflict(other, claim))
+            for other in [c for t in (asked.target, *aliases) for c in ledger.claims_on_target(conn, t)]:
+                _refuse_conflict(shared_target_conflict(as_target(other), claim))
         ledger.save_claim(conn, claim)
     log.info("%s %s", "claimed" if claimed is None else "claim filled in:", claim.describe())
 

@@ -110,6 +110,17 @@ class SparkOutput:
     reserved: tuple[str, ...] = ()  # columns the target gives readers itself: dropped from the rows
 
 
+@dataclass(frozen=True)
+class UnattributedRows:
+    """Rows a reader of the target sees that are not of the audited
+    pipeline's published windows, nor of another pipeline the target knows
+    published them there (see :meth:`Sink.unattributed_rows`)."""
+
+    where: str  # where a reader finds them: a file, a partition, a topic range
+    rows: int | None  # how many (None: unreadable, e.g. not a Parquet file, which fails every reader)
+    origin: str  # who wrote them, as far as the target can tell (a commit manifest, the rows' lineage), or why unknown
+
+
 # The columns (and Spark types) of a dead letter written as Parquet: its source
 # record, the error, and the raw record.
 DEAD_LETTER_SCHEMA = (("topic", "string"), ("partition", "int"), ("offset", "long"), ("error", "string"),
@@ -160,6 +171,12 @@ class Sink(ABC):
         sink that does not name it cannot sweep."""
         raise NotImplementedError(f"{type(self).__name__} names no target_id: its sweep cannot tell its pipelines "
                                   "from other targets'")
+
+    @property
+    def target_aliases(self) -> tuple[str, ...]:
+        """Other ids this target may be claimed under (see
+        ``TargetSpec.target_aliases``): its sweep takes their pipelines too."""
+        return ()
 
     def sweeps_unclaimed(self, attempt: Attempt) -> bool:
         """May :meth:`sweep` abort ``attempt``, a stale attempt of a pipeline
@@ -299,10 +316,10 @@ class Sink(ABC):
         pipelines claimed for :attr:`target_id` and those of pipelines claimed
         for no target that :meth:`sweeps_unclaimed` accepts."""
         cutoff = (now or datetime.now(timezone.utc)) - older_than
-        target = self.target_id
+        targets = {self.target_id, *self.target_aliases}
         with self.ledger.connect() as conn, conn.transaction():
             stale = attempts.stale_attempts(conn, cutoff, claims=self.ledger.records_claims(conn))
-        return [a for a, claimed in stale if claimed == target or (claimed is None and self.sweeps_unclaimed(a))]
+        return [a for a, claimed in stale if claimed in targets or (claimed is None and self.sweeps_unclaimed(a))]
 
     def pending_publications(self) -> list[Attempt]:
         """The committed attempts of windows whose commit was decided but not
@@ -338,6 +355,15 @@ class Sink(ABC):
         log.info("sweep of %s aborted %d of its %d attempts live for longer than %s", self.target_id, len(swept),
                  len(mine), older_than)
         return swept
+
+    def unattributed_rows(self, conn, pipeline: str) -> list[UnattributedRows]:
+        """What a reader of the whole target sees beyond
+        :meth:`published_relation`'s rows and the other pipelines' published
+        windows: rows nobody committed there (a foreign file, a second
+        pipeline's rows, a leftover). ``verify`` reports each as a violation
+        (``foreign``). ``conn`` is verify's connection to the ledger. None by
+        default: a target whose relation already holds every row readers see."""
+        return []
 
     def published_relation(self, conn, pipeline: str, columns: tuple[str, ...] = ()):
         """What ``verify`` audits: a relation (a psycopg ``sql.Composable``

@@ -99,6 +99,14 @@ class TargetSpec(ABC):
         """The target's identity for a pipeline's claim (``postgresql:schema.table``, ...)."""
 
     @property
+    def target_aliases(self) -> tuple[str, ...]:
+        """Other ids the same target may have been claimed under (an earlier
+        version's spelling of it, e.g. a file target's unresolved path): a
+        plan reads a claim recorded under one as a claim of :attr:`target_id`
+        and records it so. None by default."""
+        return ()
+
+    @property
     def exclusive(self) -> bool:
         """True if the target takes the windows of one pipeline only."""
         return False

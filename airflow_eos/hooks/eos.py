@@ -147,6 +147,7 @@ def plan_or_none(
     dag_id: str | None = None,
     target_id: str | None = None,
     target_exclusive: bool = False,
+    target_aliases: Sequence[str] = (),
 ) -> WindowPlan | None:
     """steps.plan with the connections resolved: the window's frozen plan, or
     None while the window is not closed.
@@ -157,7 +158,8 @@ def plan_or_none(
     request = PlanRequest(Window(pipeline, window_start, window_end), tuple(topics),
                           timedelta(seconds=idle_partition_grace_seconds),
                           timedelta(seconds=max_timestamp_skew_seconds), on_skewed_timestamp,
-                          dag_id=dag_id, target_id=target_id, target_exclusive=target_exclusive)
+                          dag_id=dag_id, target_id=target_id, target_exclusive=target_exclusive,
+                          target_aliases=tuple(target_aliases))
     with KafkaLog(EosKafkaHook(kafka_config_id=kafka_conn_id).kafka_config) as kafka_log:
         return steps.plan(ledger_for(postgres_conn_id), kafka_log, request)
 

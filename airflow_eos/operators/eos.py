@@ -123,6 +123,7 @@ class EosPlanWindowOperator(BaseSensorOperator):
             # the plan's claim on the pipeline (plain values: the trigger serialises them)
             "dag_id": self.dag_id if self.has_dag() else None,
             "target_id": self.target.target_id if self.target else None,
+            "target_aliases": list(self.target.target_aliases) if self.target else [],
             "target_exclusive": self.target.exclusive if self.target else False,
         }
 

@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import quote
 
 from airflow_eos.core.attempt import AttemptState
-from airflow_eos.ui.status import PipelineStatus, WindowStatus
+from airflow_eos.ui.status import UNPUBLISHED_ADVICE, PipelineStatus, WindowStatus
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 16px 24px; color: #1a202c; background: #fff; }
@@ -21,7 +21,7 @@ th, td { border-bottom: 1px solid #e2e8f0; padding: 4px 10px; text-align: left; 
 th { background: #f7fafc; font-weight: 600; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
 span.s { border-radius: 10px; padding: 1px 9px; font-size: 12px; font-weight: 600; color: #fff; }
 span.committed { background: #2f855a; } span.replaced { background: #2b6cb0; } span.failed { background: #c53030; }
-span.running { background: #b7791f; } span.planned { background: #718096; }
+span.running { background: #b7791f; } span.unpublished { background: #9b2c2c; } span.planned { background: #718096; }
 a { color: #2b6cb0; }
 """
 
@@ -52,12 +52,12 @@ def _attempts(counts: dict[AttemptState, int]) -> str:
 
 
 def _status(status: WindowStatus) -> str:
-    return f'<td><span class="s {status.value}">{escape(status.value)}</span></td>'
+    return f'<td><span class="s {status.value}">{escape(status.label)}</span></td>'
 
 
 def pipeline_section(status: PipelineStatus) -> str:
     name = escape(status.pipeline)
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(status.counts.items(), key=lambda kv: kv[0].value)) or "none"
+    counts = ", ".join(f"{n} {s.label}" for s, n in sorted(status.counts.items(), key=lambda kv: kv[0].value)) or "none"
     owner = escape(status.owner) if status.owner else "not claimed yet: its next plan claims it"
     link = (f' · <a target="_top" href="../dags/{escape(quote(status.dag_id, safe=""))}">open the DAG</a>'
             if status.dag_id else "")
@@ -77,8 +77,11 @@ def pipeline_section(status: PipelineStatus) -> str:
          + ([_num(p.end_of_log), _num(p.lag)] if lag else []) for p in status.partitions),
         f"offsets of {status.pipeline}")
     note = f'<p class="meta">{escape(status.lag_note)}</p>' if status.lag_note else ""
+    unpublished = status.counts.get(WindowStatus.UNPUBLISHED)
+    warning = f'<p class="meta"><strong>{escape(UNPUBLISHED_ADVICE.format(n=unpublished))}</strong></p>' \
+        if unpublished else ""
     return (f'<section aria-label="pipeline {name}"><h2>{name}</h2>'
-            f'<p class="meta">{escape(counts)} · {owner}{link}</p>{windows}'
+            f'<p class="meta">{escape(counts)} · {owner}{link}</p>{warning}{windows}'
             f"<p class='meta'>Committed offsets (the contiguous committed prefix of its windows)</p>{offsets}{note}"
             f'<p class="meta">Last verify: {escape(status.verify)}</p></section>')
 

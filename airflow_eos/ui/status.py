@@ -48,12 +48,28 @@ class WindowStatus(str, Enum):
     FAILED = "failed"  # not committed, and every attempt of it was aborted
     COMMITTED = "committed"
     REPLACED = "replaced"  # committed again by a later attempt (on_committed="replace")
+    # committed in the ledger (offsets advanced), its publication not in the target (Ledger.unpublished_windows)
+    UNPUBLISHED = "unpublished"
 
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def label(self) -> str:
+        """What the page says."""
+        return "decided, not published" if self is WindowStatus.UNPUBLISHED else self.value
 
-def window_status(record: WindowRecord, counts: Mapping[AttemptState, int]) -> WindowStatus:
+
+#: What the page says under a pipeline with windows decided, not published.
+UNPUBLISHED_ADVICE = ("{n} window(s) decided, not published: committed in the ledger (offsets advanced) but not in the "
+                      "target, so readers do not see them. The commit task's log says why; fix that, then retry the "
+                      "commit task or clear the run. Their commits and reruns fail until then.")
+
+
+def window_status(record: WindowRecord, counts: Mapping[AttemptState, int], *,
+                  unpublished: bool = False) -> WindowStatus:
+    if record.state == WindowState.COMMITTED and unpublished:
+        return WindowStatus.UNPUBLISHED
     if record.state == WindowState.COMMITTED:
         return WindowStatus.REPLACED if counts.get(AttemptState.COMMITTED, 0) > 1 else WindowStatus.COMMITTED
     if any(counts.get(s, 0) for s in attempts.LIVE):
@@ -122,7 +138,9 @@ def read_pipeline(ledger: Ledger, conn, pipeline: str, *, limit: int) -> Pipelin
     offsets = attempts.load_offsets(conn, pipeline)
     claim = ledger.load_claim(conn, pipeline) if ledger.records_claims(conn) else None
     planned = ledger.planned_partitions(conn, pipeline)
-    rows = [WindowRow(r, window_status(r, counts.get(r.start, {})), counts.get(r.start, {})) for r in records]
+    unpublished = ledger.unpublished_windows(conn, pipeline)
+    rows = [WindowRow(r, window_status(r, counts.get(r.start, {}), unpublished=r.start in unpublished),
+                      counts.get(r.start, {})) for r in records]
     by_status: dict[WindowStatus, int] = {}
     for row in rows:
         by_status[row.status] = by_status.get(row.status, 0) + 1

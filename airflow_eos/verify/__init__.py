@@ -52,11 +52,13 @@ from airflow_eos.verify.report import (
     DEAD_AND_PUBLISHED,
     DUPLICATE,
     EXTRA,
+    FOREIGN,
     HELD,
     MISSING,
     MORE,
     OFFSETS,
     SOURCE,
+    UNPUBLISHED,
     Totals,
     VerifyReport,
     Violation,
@@ -121,4 +123,5 @@ def _sink_of(target: TargetSpec | Sink | str, ledger: Ledger) -> tuple[Sink, str
 
 
 __all__ = ["verify", "VerifyReport", "WindowAudit", "Totals", "Violation", "committed_prefix", "DUPLICATE",
-           "DEAD_AND_PUBLISHED", "MISSING", "EXTRA", "COUNT", "CHECKPOINT", "OFFSETS", "SOURCE", "HELD", "MORE"]
+           "DEAD_AND_PUBLISHED", "MISSING", "EXTRA", "COUNT", "CHECKPOINT", "OFFSETS", "SOURCE", "HELD", "MORE",
+           "UNPUBLISHED", "FOREIGN"]

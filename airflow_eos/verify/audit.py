@@ -29,9 +29,11 @@ from airflow_eos.verify.report import (
     DEAD_AND_PUBLISHED,
     DUPLICATE,
     EXTRA,
+    FOREIGN,
     MISSING,
     MORE,
     OFFSETS,
+    UNPUBLISHED,
     VerifyReport,
     Violation,
     WindowAudit,
@@ -96,6 +98,31 @@ class _Audit:
         self._describe_target()
         for w in self.windows.values():
             self._audit(w.start, w)
+        self._check_unpublished()
+        self._check_unattributed()
+
+    def _check_unattributed(self) -> None:
+        """Rows readers of the target see that no committed window of this
+        pipeline (nor another pipeline the target knows) accounts for: counted
+        as extra rows without a window, each source named."""
+        for u in self.sink.unattributed_rows(self.conn, self.pipeline):
+            self._count(EXTRA, None, u.rows or 0)
+            rows = f"{u.rows} row(s)" if u.rows is not None else "an unreadable file"
+            self.violations.append(Violation(
+                FOREIGN, f"{rows} in {u.where}, which readers of {self.table} see, belong to no committed window "
+                         f"of pipeline {self.pipeline!r}: {u.origin}"))
+
+    def _check_unpublished(self) -> None:
+        """Windows decided and never published: committed in the ledger, the
+        offsets past them, and not in the target (their records then also
+        show as missing)."""
+        for ws, epoch in sorted(self.ledger.unpublished_windows(self.conn, self.pipeline).items()):
+            self._audit(ws).unpublished = True
+            self.violations.append(Violation(
+                UNPUBLISHED, f"{_at(ws)}: decided, not published: attempt {epoch} is committed in the ledger (the "
+                             f"pipeline's offsets advanced past it) but its publication never reached {self.table}, "
+                             "so readers do not see it. The commit task's log says why; fix that, then retry the "
+                             "commit task or clear the run", ws))
 
     def _describe_target(self) -> None:
         """The target's published rows as its sink gives them, and which of the

@@ -22,6 +22,8 @@ OFFSETS = "offsets"  # eos.partition_offsets differs from the contiguous committ
 SOURCE = "source"  # planned records can no longer be read from Kafka
 HELD = "held"  # a partition's last committed end cut is a skewed record that holds older records behind it
 MORE = "more"  # further examples of a kind in a window, not listed one by one
+UNPUBLISHED = "unpublished"  # a window decided (committed in the ledger) whose publication never reached the target
+FOREIGN = "foreign"  # rows a reader of the target sees that no committed window of the pipeline accounts for
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,11 @@ class WindowAudit:
     duplicates: int | None = 0
     missing: int | None = 0
     extra: int | None = 0
+    unpublished: bool = False  # decided (committed in the ledger), its publication not in the target
+
+    @property
+    def shown_state(self) -> str:
+        return "decided, not published" if self.unpublished else str(self.state)
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,8 @@ class VerifyReport:
                 "committed_epoch": w.committed_epoch, "recorded_rows": w.recorded_rows,
                 "recorded_dead_letters": w.recorded_dead_letters, "kafka_records": w.kafka_records,
                 "published_rows": w.published_rows, "dead_letters": w.dead_letters, "duplicates": w.duplicates,
-                "missing": w.missing, "extra": w.extra, "result": window_result(w, flagged),
+                "missing": w.missing, "extra": w.extra, "published": not w.unpublished,
+                "result": window_result(w, flagged),
             } for w in self.windows],
             "offsets": {
                 "recorded": _offsets(self.offsets),

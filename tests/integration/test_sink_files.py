@@ -7,6 +7,7 @@ rows are asserted exactly by lineage."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -757,11 +758,65 @@ def test_an_existing_foreign_partition_directory_is_never_overwritten(pg_url, ro
     with pytest.raises(TargetError, match="never overwritten") as failed:
         sink.commit(attempt)
     assert foreign in str(failed.value) and "no _eos_commit.json" in str(failed.value)
+    assert "Nothing was decided" in str(failed.value) and "Move the directory away" in str(failed.value)
     assert os.listdir(foreign) == ["precious.parquet"]
-    # the window is decided: moving the foreign directory away and retrying publishes it
-    assert window_row(pg_url, plan.window)[0] == "committed" and publication(pg_url, attempt)[0] == "decided"
+    # Issue 33: the destination is checked before the decision. The window is not committed, the offsets did
+    # not move, no publication is decided (before, the window was committed and never published).
+    assert window_row(pg_url, plan.window)[0] == "planned" and publication(pg_url, attempt) is None
+    assert load_offsets_of(pg_url) == {}
+    assert attempt_state(pg_url, attempt)[0] == "prepared"
+    # moving the foreign directory away and retrying the commit publishes it
     os.rename(foreign, str(root / "_moved_away"))
-    assert sink.commit(attempt).outcome == ALREADY_COMMITTED and seen_lineage(root) == lineage(plan)
+    assert sink.commit(attempt).outcome == PUBLISHED and seen_lineage(root) == lineage(plan)
+
+
+def load_offsets_of(url):
+    with psycopg.connect(url) as conn:
+        return load_offsets(conn, PIPELINE)
+
+
+def test_a_window_decided_and_not_published_fails_its_commit_and_every_rerun_until_published(
+        pg_url, root, sink, freeze_windows):
+    """Issue 33: a directory appears at the partition path between the
+    decision and the rename. The window is committed in the ledger and not
+    in the root: the commit fails, and so does every rerun (a retried commit,
+    a Clear's stage, a cleared attempt's skipped commit) until it is
+    published; status, the UI page and verify say "decided, not published"."""
+    from airflow_eos import steps
+    from airflow_eos.cli.status import print_status, read_status
+    from airflow_eos.core.ledger import Ledger
+    from airflow_eos.ui.page import render
+    from airflow_eos.ui.status import read_ledger
+
+    [plan] = freeze_windows(PIPELINE, [0])
+    attempt = stage(sink, plan)
+    sink.decide(attempt)  # the decision; then someone creates the directory before the rename
+    foreign = sink.partition_dir(plan.window)
+    os.makedirs(foreign)
+    with pytest.raises(TargetError, match="decided, not published|NOT published") as failed:
+        sink.commit(attempt)  # the commit's retry
+    assert foreign in str(failed.value) and "retry the commit task or clear the run" in str(failed.value)
+    cleared = stage(sink, plan)  # a Clear whose stage ran before this fix: its commit is skipped
+    with pytest.raises(TargetError, match="decided, not published") as failed:
+        sink.commit(cleared)  # was SKIPPED: the run ended successful with the window invisible
+    assert foreign in str(failed.value)
+    with pytest.raises(TargetError, match="decided, not published"):
+        steps.stage(sink, plan, job=lambda a: pytest.fail("a rerun must not stage a window it cannot publish"))
+    assert seen_lineage(root) == [] and publication(pg_url, attempt)[0] == "decided"
+
+    status = read_status(Ledger(pg_url), PIPELINE)
+    assert [w["state"] for w in status["windows"]] == ["decided, not published"]
+    text = io.StringIO()
+    print_status(status, text)
+    assert "1 decided, not published" in text.getvalue() and "retry the commit task" in text.getvalue()
+    [page] = read_ledger(Ledger(pg_url))
+    assert [w.status.label for w in page.windows] == ["decided, not published"]
+    assert "decided, not published" in render([page], source="test")
+
+    os.rmdir(foreign)  # the directory moved away: the commit task's retry publishes the window
+    assert steps.commit(sink, attempt).outcome == ALREADY_COMMITTED
+    assert publication(pg_url, attempt)[0] == "published" and seen_lineage(root) == lineage(plan)
+    assert read_status(Ledger(pg_url), PIPELINE)["windows"][0]["state"] == "committed"
 
 
 def test_an_empty_or_other_pipelines_partition_directory_is_never_replaced(pg_url, root, sink, freeze_windows):

@@ -44,7 +44,8 @@ def test_other_bad_roots_are_refused(path, why):
 
 def test_a_path_and_its_file_url_are_one_target():
     assert {FileTarget(path=p).target_id for p in ("/data/x", "/data/x/", "file:///data/x", "file://localhost/data/x/",
-                                                     "/data/./y/../x")} == {"files:/data/x"}
+                                                     "/data/./y/../x", "file:/data/x", "file:/data/x/")
+            } == {"files:/data/x"}
     assert FileTarget(path="/data/x").asset_uri == "file:///data/x"
 
 
@@ -108,3 +109,16 @@ def test_a_schema_change_is_described_column_by_column():
     nested = text(("tags", pa.list_(pa.int32())))  # a nested type differs in its column's line
     assert schema_changes(text(("tags", pa.list_(pa.string()))), nested) == [
         "column 'tags' is list<item: int32>, published as list<item: string>"]
+
+
+@pytest.mark.parametrize("path", ["file:/tmp/x", "file:///tmp/x", "file://localhost/tmp/x", "file:/tmp/x/"])
+def test_the_uri_forms_of_an_absolute_local_path_are_accepted(path):
+    """Issue 33: ``file:/tmp/x`` (the one-slash URI form Hadoop and Java print)
+    was refused as "relative"."""
+    assert FileTarget(path=path).root == "/tmp/x"
+
+
+@pytest.mark.parametrize("path", ["file:tmp/x", "file:x"])
+def test_a_file_uri_without_an_absolute_path_says_which_form_is_expected(path):
+    with pytest.raises(ConfigurationError, match="file:/absolute/path, file:///absolute/path or /absolute/path"):
+        FileTarget(path=path)

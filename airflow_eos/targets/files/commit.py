@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt
-from airflow_eos.core.ledger import WindowRecord, WindowState
+from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, skip_committed
-from airflow_eos.core.windows import Window, to_utc
+from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files import fs
 from airflow_eos.targets.files.staging import ManifestFile
 from airflow_eos.targets.files.writer import COMMIT_FILE, DEAD_LETTER_COLUMNS, PUBLISH, StagedFile, read_footer
@@ -80,8 +80,11 @@ class FileCommit:
             self._remove_staging(attempt)
             # The attempt that committed the window may be decided and not yet
             # published (its commit died after the decision): a clear's commit
-            # is a later commit of the pipeline, and finishes it.
+            # is a later commit of the pipeline, and finishes it; if it cannot,
+            # this commit fails too (a skipped commit must not report success
+            # for a window readers do not see).
             self.finish_pending()
+            self.require_published(attempt.window)
             return decided
         replaced_rows, replacing, committed_before = decided
         fault_point("commit.after_decision")
@@ -122,6 +125,7 @@ class FileCommit:
                 raise NotPrepared(f"cannot commit {attempt}: its staging no longer holds what it checkpointed; "
                                   "nothing published, stage the window again:\n  " + "\n  ".join(problems),
                                   missing=problems)
+            self._check_destination(attempt, replacing)
             dead = self._read_dead_letters(attempt, manifest)
             fault_point("commit.before_publish")
             replaced = 0
@@ -144,6 +148,21 @@ class FileCommit:
         log.info("%s: decided (committed in the ledger with its offsets); publishing %s", attempt,
                  self.partition_dir(attempt))
         return replaced, replacing, False
+
+    def _check_destination(self, attempt: Attempt, replacing: bool) -> None:
+        """Before the decision: the window's partition directory must be free
+        (a replace: hold this pipeline's version of the window). A window
+        decided into a place it cannot be renamed to would be committed in the
+        ledger, its offsets advanced, and invisible to readers; refused now,
+        nothing is decided (TargetError, saying what is there and what to do)."""
+        destination = self.partition_dir(attempt)
+        there = self.read_partition(destination, attempt, decided=False)
+        if there is not None and not replacing:
+            raise TargetError(
+                f"cannot commit {attempt}: {destination} already holds attempt {there['epoch']} of the window, but the "
+                "ledger has the window uncommitted (a copy of the root, or a ledger restored from an older backup?); "
+                "it is never overwritten. Nothing was decided: the window is not committed and the pipeline's "
+                "offsets did not move. Move the directory away, then retry the commit (or clear the run)")
 
     def _sealed_data(self, attempt: Attempt, manifest: Sequence[ManifestFile]) -> Iterable[StagedFile]:
         for m in manifest:
@@ -291,17 +310,25 @@ class FileCommit:
                 missing.append(f"{f['name']} ({size} bytes, not {f['bytes']})")
         return missing
 
-    def read_partition(self, directory: str, attempt: Attempt) -> dict[str, Any] | None:
+    def read_partition(self, directory: str, attempt: Attempt, *, decided: bool = True) -> dict[str, Any] | None:
         """The commit manifest of the window's partition directory; None if
         there is no such directory. A directory this pipeline did not write
         for this window (no manifest, or another's) is never touched: a
-        TargetError says what is there."""
+        TargetError says what is there, and (``decided``: the window is
+        committed in the ledger already, or not yet) what that means."""
         if not os.path.lexists(directory):
             return None
         foreign = (f"{directory} exists but was not published by pipeline {attempt.pipeline!r} for window "
                    f"{attempt.window_start.isoformat()}")
-        advice = ("it is never overwritten: move it away (or choose another root or layout), then retry the commit; "
-                  "the window stays committed in the ledger and is published by that retry")
+        if decided:
+            advice = ("it is never overwritten. The window is decided (committed in the ledger, the pipeline's "
+                      "offsets advanced) but NOT published: readers do not see it, and the commit and every rerun of "
+                      "the window fail until it is. Move the directory away (or choose another root or layout), "
+                      "then retry the commit task or clear the run: that publishes the window")
+        else:
+            advice = ("it is never overwritten. Nothing was decided: the window is not committed and the pipeline's "
+                      "offsets did not move. Move the directory away (or choose another root or layout), then retry "
+                      "the commit task (or clear the run)")
         if not os.path.isdir(directory) or os.path.islink(directory):
             raise TargetError(f"{foreign}: it is not a directory; {advice}")
         try:
@@ -316,41 +343,3 @@ class FileCommit:
             raise TargetError(f"{foreign}: its {COMMIT_FILE} names pipeline {doc.get('pipeline')!r}, window "
                               f"{doc.get('window_start')}; {advice}")
         return doc
-
-    def committed_rerun(self, window: Window) -> WindowRecord | None:
-        """As :meth:`Sink.committed_rerun`, once the window's files are in
-        place: a window decided by a commit that died before its rename is
-        published here first (a Clear finishes it, as its commit did before).
-        If that fails, None: the run stages, and its commit names the problem."""
-        record = super().committed_rerun(window)
-        if record is None:
-            return None
-        self.finish_pending()
-        with self.ledger.connect() as conn:
-            state = conn.execute("SELECT state FROM eos.publications WHERE pipeline = %s AND window_start = %s"
-                                 " AND epoch = %s", (window.pipeline, window.start, record.committed_epoch)).fetchone()
-        return record if state is not None and state[0] == PUBLISHED_STATE else None
-
-    def finish_pending(self) -> list[Attempt]:
-        """Publish every decided, unpublished window of this root (a commit
-        that died after its decision). Returns those finished; one that cannot
-        be finished now is logged loudly and left for the next commit, its own
-        retry or the sweep."""
-        with self.ledger.connect() as conn, conn.transaction():
-            rows = conn.execute(
-                "SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table FROM eos.publications p"
-                " JOIN eos.attempts a USING (pipeline, window_start, epoch) JOIN eos.windows w USING (pipeline,"
-                " window_start) WHERE p.target = %s AND p.state = 'decided' ORDER BY p.decided_at",
-                (self.target_id,)).fetchall()
-        finished = []
-        for row in rows:
-            pending = Attempt(*row)
-            try:
-                how = self.publish(pending)
-            except Exception as exc:  # noqa: BLE001 - one stuck window must not stop the others
-                log.error("%s is committed but not published yet: %s", pending, exc)
-                continue
-            if how in (RENAMED, EXCHANGED):
-                log.info("%s: finished its publication (%s), decided by an earlier commit", pending, how)
-                finished.append(pending)
-        return finished

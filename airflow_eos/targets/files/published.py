@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core.errors import TargetError
+from airflow_eos.core.sink import UnattributedRows
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files.commit import COMMIT_FORMAT
 from airflow_eos.targets.files.writer import COMMIT_FILE, visible
@@ -45,6 +46,47 @@ class FilePublished:
                     found.append((directory, doc))
         return found
 
+    def _require_root(self, conn: psycopg.Connection, pipeline: str) -> None:
+        """A vanished root is said as such, not as every record missing."""
+        if os.path.isdir(self.root):
+            return
+        published = conn.execute(
+            "SELECT count(*) FROM eos.publications WHERE target = ANY(%s) AND pipeline = %s AND state = 'published'",
+            (self.target_ids, pipeline)).fetchone()[0]
+        raise TargetError(
+            f"verify cannot read the file target {self.root}: the directory is gone (not there, or not a directory "
+            f"where verify runs). The ledger records {published} window(s) of pipeline {pipeline!r} published "
+            "there, which no reader can see now: restore the directory (from a backup, or mount the file system "
+            "it lives on), then run verify again")
+
+    def unattributed_rows(self, conn: psycopg.Connection, pipeline: str) -> list[UnattributedRows]:
+        """Every data file a reader of the root reads (every visible file under
+        visible directories, as ``spark.read.parquet(root)`` and
+        ``pyarrow.dataset`` read it) outside this pipeline's partition
+        directories (those are :meth:`published_relation`'s), except the
+        windows of other pipelines of a root shared by layout that the ledger
+        records as published there: a foreign file, a second pipeline's rows, a
+        leftover. Each names its file and, where the commit manifest or the
+        rows' lineage tell, where it came from."""
+        self._require_root(conn, pipeline)
+        shared = "{pipeline}" in self.layout
+        known = {(p, loc) for p, loc in conn.execute(
+            "SELECT pipeline, location FROM eos.publications WHERE target = ANY(%s) AND state = 'published'",
+            (self.target_ids,))} if shared else set()
+        found = []
+        for directory, dirs, files in os.walk(self.root):
+            dirs[:] = sorted(d for d in dirs if visible(d))
+            names = sorted(f for f in files if visible(f))
+            doc = _commit_doc(directory) if COMMIT_FILE in files else None
+            owner = doc.get("pipeline") if doc else None
+            location = os.path.relpath(directory, self.root)
+            if not names or owner == pipeline or (owner, location) in known:
+                continue
+            for name in names:
+                path = os.path.join(directory, name)
+                found.append(UnattributedRows(path, *_origin(path, doc, shared)))
+        return found
+
     def published_relation(self, conn: psycopg.Connection, pipeline: str,
                            columns: Sequence[str] = ()) -> sql.Composable:
         """A TEMP table, in ``conn``'s session, of every published row of the
@@ -58,6 +100,7 @@ class FilePublished:
         import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
         from psycopg import sql
+        self._require_root(conn, pipeline)
         extra = [c for c in columns if c not in LINEAGE_COLUMNS + ("eos_pipeline", "eos_window_start")]
         wanted = list(LINEAGE_COLUMNS) + extra
         name = f"eos_published_{secrets.token_hex(6)}"
@@ -88,6 +131,48 @@ class FilePublished:
                                 pacsv.WriteOptions(include_header=False))
                 copy.write(out.getvalue())
         return sql.Identifier(name)
+
+
+def _commit_doc(directory: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(directory, COMMIT_FILE), "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("format") == COMMIT_FORMAT else None
+
+
+def _origin(path: str, doc: dict[str, Any] | None, shared: bool) -> tuple[int | None, str]:
+    """(rows, where they came from) of a data file nobody committed here."""
+    import pyarrow.parquet as pq
+    try:
+        meta = pq.read_metadata(path)
+    except Exception as exc:  # noqa: BLE001 - whatever the file is, readers fail on it the same way
+        return None, f"not a Parquet file ({type(exc).__name__}): spark.read.parquet and pyarrow fail on it"
+    if doc is not None:
+        why = ("a window the ledger does not record as published here" if shared
+               else "a second pipeline's rows in a root of one pipeline")
+        return meta.num_rows, (f"{COMMIT_FILE} names pipeline {doc.get('pipeline')!r}, window "
+                               f"{doc.get('window_start')}, attempt {doc.get('epoch')}: {why}")
+    return meta.num_rows, "no " + COMMIT_FILE + " (not published by airflow-eos, or a leftover)" + _lineage(path, meta)
+
+
+def _lineage(path: str, meta) -> str:
+    """What the file's lineage columns say of its rows' sources, if it has them."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    names = meta.schema.names
+    if not all(c in names for c in LINEAGE_COLUMNS) or not meta.num_rows:
+        return "; it has no lineage columns" if meta.num_rows else ""
+    table = pq.read_table(path, columns=[c for c in (*LINEAGE_COLUMNS, "eos_pipeline") if c in names])
+    said = []
+    if "eos_pipeline" in names:
+        said.append("pipeline(s) " + ", ".join(sorted(map(str, pc.unique(table["eos_pipeline"]).to_pylist()))))
+    sources = sorted({(t, p) for t, p in zip(table["eos_topic"].to_pylist(), table["eos_partition"].to_pylist())})
+    offsets = pc.min_max(table["eos_offset"]).as_py()
+    said.append("records of " + ", ".join(f"{t}[{p}]" for t, p in sources[:5]) + ("..." if len(sources) > 5 else "")
+                + f" offsets {offsets['min']}..{offsets['max']}")
+    return "; its lineage says: " + "; ".join(said)
 
 
 def _pg_type(t) -> str:

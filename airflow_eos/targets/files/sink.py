@@ -44,6 +44,8 @@ from airflow_eos.targets.files.commit import (
     SUPERSEDED_HOW,
     FileCommit,
 )
+from airflow_eos.targets.files.finish import FileFinish
+from airflow_eos.targets.files.identity import root_aliases, root_id
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION
 from airflow_eos.targets.files.published import LINEAGE_COLUMNS, FilePublished
 from airflow_eos.targets.files.staging import FileStaging, ManifestFile
@@ -53,13 +55,14 @@ __all__ = ["COMMIT_FORMAT", "COMPLETE", "DECIDED", "EXCHANGED", "LINEAGE_COLUMNS
 
 
 @dataclass(frozen=True)
-class FileSink(FileStaging, FileCommit, FileAbort, FilePublished, Sink):
+class FileSink(FileStaging, FileCommit, FileFinish, FileAbort, FilePublished, Sink):
     """The runtime sink of a bound :class:`~airflow_eos.targets.files.FileTarget`.
 
     Its parts, one module each: :mod:`~airflow_eos.targets.files.staging`
     (where things are, begin, the writers, seal, prepare),
     :mod:`~airflow_eos.targets.files.commit` (the decision and the
-    publication), :mod:`~airflow_eos.targets.files.abort` (abort, teardown,
+    publication), :mod:`~airflow_eos.targets.files.finish` (finishing decided
+    publications), :mod:`~airflow_eos.targets.files.abort` (abort, teardown,
     sweep), :mod:`~airflow_eos.targets.files.published` (what verify reads).
     """
 
@@ -76,7 +79,16 @@ class FileSink(FileStaging, FileCommit, FileAbort, FilePublished, Sink):
 
     @property
     def target_id(self) -> str:
-        return "files:" + self.root
+        return root_id(self.root)
+
+    @property
+    def target_aliases(self) -> tuple[str, ...]:
+        return root_aliases(self.root)
+
+    @property
+    def target_ids(self) -> list[str]:
+        """Every id this root's publications may be recorded under (eos.publications.target)."""
+        return [self.target_id, *self.target_aliases]
 
     @property
     def replaces_committed(self) -> bool:

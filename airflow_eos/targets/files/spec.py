@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.target import PATH, POSTGRES, ConnectionRef, TargetSpec, uri_part
+from airflow_eos.targets.files.identity import root_aliases, root_id
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION, Layout
 
 if TYPE_CHECKING:
@@ -51,7 +52,9 @@ def local_root(path: str) -> str:
     if not isinstance(path, str) or not path.strip():
         raise ConfigurationError("FileTarget needs path='/absolute/directory' (the root of the published windows)")
     text = path.strip()
-    scheme = urlsplit(text).scheme.lower() if "://" in text else ""
+    # A scheme is what precedes the first ":" of a URL ("file:/x", "file:///x", "s3://b/x"), never of an
+    # absolute path ("/data/a:b").
+    scheme = "" if text.startswith("/") else urlsplit(text).scheme.lower()
     if scheme in OBJECT_STORES:
         raise ConfigurationError(
             f"FileTarget cannot publish into {text} ({OBJECT_STORES[scheme]}): an object store has no atomic "
@@ -74,6 +77,10 @@ def local_root(path: str) -> str:
         if parts.query or parts.fragment:
             raise ConfigurationError(f"{text}: a FileTarget's file:// URL takes no query or fragment")
         text = unquote(parts.path)
+        if not os.path.isabs(text):
+            raise ConfigurationError(
+                f"FileTarget path {path.strip()!r} names no absolute directory: write a local root as "
+                "file:/absolute/path, file:///absolute/path or /absolute/path")
     if not os.path.isabs(text):
         raise ConfigurationError(
             f"FileTarget path {text!r} is relative: give an absolute path, which means the same directory to the "
@@ -180,9 +187,14 @@ class FileTarget(TargetSpec):
 
     @property
     def target_id(self) -> str:
-        """``files:/absolute/root``: two specs naming one directory (a path and
-        its file:// URL, a trailing slash) are one target."""
-        return "files:" + self.root
+        """``files:/real/root``: two specs naming one directory (a path and
+        its file:// URL, a trailing slash, a symlink to it) are one target. Read
+        where the plan runs (the directory's symlinks as the workers see them)."""
+        return root_id(self.root)
+
+    @property
+    def target_aliases(self) -> tuple[str, ...]:
+        return root_aliases(self.root)
 
     @property
     def exclusive(self) -> bool:

@@ -18,6 +18,7 @@ from airflow_eos.core.attempt import Attempt, Checkpoint, StagedChunk
 from airflow_eos.core.errors import InvalidCheckpoint, TargetError
 from airflow_eos.core.windows import Window, to_utc
 from airflow_eos.targets.files import fs
+from airflow_eos.targets.files.identity import ROOT_CLAIM, RootClaim, claim_root, ledger_identity
 from airflow_eos.targets.files.layout import Layout
 from airflow_eos.targets.files.writer import (
     KINDS,
@@ -92,6 +93,19 @@ class FileStaging:
                 raise TargetError(f"{path} is not writable by {user}: grant it write access (chown/chmod) for the "
                                   "tasks and the Spark executors, or choose another FileTarget(path=...)")
 
+    def _claim_root(self, window: Window) -> None:
+        """The root's claim (``_eos_root.json``, see identity.py) must name this
+        ledger, and this pipeline unless the layout tells pipelines apart; the
+        first begin into a root records it. TargetError otherwise, before an
+        attempt is opened."""
+        with self.ledger.connect() as conn:
+            ledger, where = ledger_identity(conn)
+        exclusive = "{pipeline}" not in self.layout
+        try:
+            claim_root(self.root, RootClaim(ledger, where, window.pipeline if exclusive else None, self.layout))
+        except OSError as exc:
+            raise self._unwritable(os.path.join(self.root, ROOT_CLAIM), exc) from exc
+
     def _unwritable(self, path: str, exc: OSError) -> TargetError:
         return TargetError(f"cannot create {path}: {exc.strerror or exc}. The root {self.root} of the file target must "
                            f"be writable by {_user()} (the tasks and the Spark executors): grant it write access, "
@@ -105,6 +119,7 @@ class FileStaging:
         attempt's transaction: a root that cannot take it fails here, before
         any Spark work, leaving no attempt behind."""
         self._check_root()
+        self._claim_root(window)
         try:
             os.makedirs(self.staging_root, exist_ok=True)
         except OSError as exc:
@@ -252,9 +267,9 @@ class FileStaging:
         if schema is None:
             return
         row = conn.execute(
-            "SELECT pipeline, window_start, schema FROM eos.publications WHERE target = %s AND schema IS NOT NULL"
+            "SELECT pipeline, window_start, schema FROM eos.publications WHERE target = ANY(%s) AND schema IS NOT NULL"
             " AND state <> 'superseded' AND NOT (pipeline = %s AND window_start = %s)"
-            " ORDER BY decided_at DESC LIMIT 1", (self.target_id, attempt.pipeline, attempt.window_start),
+            " ORDER BY decided_at DESC LIMIT 1", (self.target_ids, attempt.pipeline, attempt.window_start),
         ).fetchone()
         if row is not None and row[2] != schema:
             changes = "; ".join(schema_changes(row[2], schema)) or "the columns' order or nested fields"

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from airflow_eos.core.windows import to_utc
+from airflow_eos.targets.files.identity import ROOT_CLAIM
 from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR, TRASH_DIR
 from airflow_eos.targets.postgres.target import STAGING_SCHEMA
 from harness.chaos.pipeline import Pipeline
@@ -54,8 +55,9 @@ def _file_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
             left.append(f"{TRASH_DIR}/{kept} (not a whole old version of a replaced window)")
     for directory, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d not in (STAGING_DIR, TRASH_DIR)]
+        kept = {COMMIT_FILE} | ({ROOT_CLAIM} if directory == str(root) else set())  # the root's claim: at its top
         left += [os.path.relpath(os.path.join(directory, f), root) for f in files
-                 if f.startswith(".") or (f.startswith("_") and f != COMMIT_FILE)]
+                 if f.startswith(".") or (f.startswith("_") and f not in kept)]
     left += [f"publication of attempt {epoch} of window {ws.isoformat()} decided, never finished"
              for ws, epoch in conn.execute("SELECT window_start, epoch FROM eos.publications WHERE pipeline = %s"
                                            " AND state = 'decided'", (p.name,))]
