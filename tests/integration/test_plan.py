@@ -789,3 +789,39 @@ def test_a_compacted_topic_plans_windows_that_tile_what_compaction_left(ledger, 
         inside = [(p, o) for (p, o), ts in survivors.items() if r.start_offset <= o < r.end_offset]
         assert inside and all(ms(T0 + h * HOUR) <= survivors[k] < ms(T0 + (h + 1) * HOUR) for k in inside), h
     assert sum(sum(r.start_offset <= o < r.end_offset for (_, o) in survivors) for r in ranges) == len(survivors)
+
+
+def test_apache_kafkas_offsets_for_times_is_used_as_a_hint_and_still_verified_by_reading(kafka_config, topics):
+    """Apache Kafka answers offsets_for_times correctly: the search takes the hint
+    and confirms it with two probes (the record at it is at/after t, the one before
+    is not). A wrong hint (off by 37) costs probes, never the answer."""
+    from airflow_eos.core.cut_search import first_offset_at_or_after
+    from airflow_eos.core.windows import TopicPartition
+
+    topic = topics.create(partitions=1)
+    topics.produce(topic, [(0, ms(T0) + i * 1_000, b"x") for i in range(5_000)])  # a record a second
+    tp = TopicPartition(topic, 0)
+
+    class Counted(KafkaLog):
+        shift = 0
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.probes, self.hints = 0, []
+
+        def time_hint(self, tp_, timestamp_ms):
+            self.hints.append(super().time_hint(tp_, timestamp_ms))
+            return None if self.hints[-1] is None else self.hints[-1] + self.shift
+
+        def first_at_or_after(self, tp_, offset, end):
+            self.probes += 1
+            return super().first_at_or_after(tp_, offset, end)
+
+    t = ms(T0 + HOUR)  # the record at offset 3600
+    with Counted(kafka_config) as right:
+        assert first_offset_at_or_after(right, tp, t, 0, 5_000) == 3_600
+    assert right.hints == [3_600] and right.probes == 2
+    Counted.shift = 37
+    with Counted(kafka_config) as wrong:
+        assert first_offset_at_or_after(wrong, tp, t, 0, 5_000) == 3_600
+    assert wrong.probes > 2
