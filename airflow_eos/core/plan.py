@@ -138,7 +138,8 @@ class PlanRequest:
     who asks: ``dag_id`` (None: not planned from a DAG) and ``target_id`` (the
     target's identity, None: not named) with ``target_exclusive`` (the target
     holds one pipeline only) make the claim the plan checks, or records, in the
-    ledger (see core/ownership.py)."""
+    ledger (see core/ownership.py); ``target_place`` is the physical thing the
+    target resolved to (``Sink.claim_identity``), None where not resolved."""
 
     window: Window
     topics: tuple[str, ...]
@@ -148,13 +149,14 @@ class PlanRequest:
     dag_id: str | None = None
     target_id: str | None = None
     target_exclusive: bool = False
+    target_place: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topics", normalise_topics(self.topics, self.window.pipeline))
         if self.idle_partition_grace < timedelta(0):
             raise ConfigurationError("idle_partition_grace must not be negative")
         check_skew_rule(self.max_timestamp_skew, self.on_skewed_timestamp, f"pipeline {self.window.pipeline!r}")
-        for name in ("dag_id", "target_id"):
+        for name in ("dag_id", "target_id", "target_place"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigurationError(f"{name} of pipeline {self.window.pipeline!r} must be a non-empty "
@@ -165,7 +167,8 @@ class PlanRequest:
 
     @property
     def claim(self) -> Claim:
-        return Claim(self.window.pipeline, self.topics, self.dag_id, self.target_id, self.target_exclusive)
+        return Claim(self.window.pipeline, self.topics, self.dag_id, self.target_id, self.target_exclusive,
+                     self.target_place if self.target_id is not None else None)
 
 
 def check_readable(plan: WindowPlan, bounds: dict[TopicPartition, Bounds]) -> None:
@@ -276,17 +279,20 @@ def claim_pipeline(ledger: Ledger, conn, asked: Claim) -> None:
     not name yet; raise OwnershipConflict (nothing written) when the pipeline
     belongs to another DAG, topics or target, or another pipeline publishes the
     same records into the target. Claims of one target are serialised, so two
-    pipelines claiming it at once see each other."""
+    pipelines claiming it at once see each other, also when they name it
+    through different ids of one place (the id's lock first, then the place's)."""
     with conn.transaction():
         if asked.target is not None:
             ledger.lock_target(conn, asked.target)
+            if asked.place is not None:
+                ledger.lock_target(conn, asked.place)
         ledger.lock_pipeline(conn, asked.pipeline)
         claimed = ledger.load_claim(conn, asked.pipeline)
         if claimed is not None:  # claimed meanwhile, or a claim to fill in
             _refuse_conflict(own_claim_conflict(claimed, asked))
         claim = asked if claimed is None else claimed.filled_from(asked)
         if asked.target is not None:
-            for other in ledger.claims_on_target(conn, asked.target):
+            for other in ledger.claims_on_target(conn, asked.target, claim.place):
                 _refuse_conflict(shared_target_conflict(other, claim))
         ledger.save_claim(conn, claim)
     log.info("%s %s", "claimed" if claimed is None else "claim filled in:", claim.describe())

@@ -161,6 +161,16 @@ class Sink(ABC):
         raise NotImplementedError(f"{type(self).__name__} names no target_id: its sweep cannot tell its pipelines "
                                   "from other targets'")
 
+    def claim_identity(self) -> str:
+        """The physical thing this sink publishes into, as a pipeline's claim
+        records it beside :attr:`target_id` (``eos.pipelines.target_place``):
+        two pipelines whose targets resolve to one identity share a target
+        (core/ownership.py), whichever connection ids their specs name. Resolved
+        at run time (the plan), where the connections are; may ask the target
+        (a Kafka target asks its cluster for its id). By default
+        :attr:`target_id`, for targets whose id already names the thing."""
+        return self.target_id
+
     def sweeps_unclaimed(self, attempt: Attempt) -> bool:
         """May :meth:`sweep` abort ``attempt``, a stale attempt of a pipeline
         claimed for no target (no claim: planned by a version before claims,
