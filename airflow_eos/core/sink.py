@@ -143,6 +143,21 @@ def skip_committed(conn, attempt: Attempt, status) -> CommitResult:
     return result
 
 
+@dataclass(frozen=True)
+class ForeignRecord:
+    """A row or record of a target that its readers see and that verify cannot
+    attribute to the audited pipeline's committed windows (see
+    :meth:`Sink.unattributed`): ``where`` it is in the target (``topic out
+    partition 2 offset 17``), ``why`` it is foreign (who wrote it, where the
+    lineage says so), and its source record where the lineage names one."""
+
+    where: str
+    why: str
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+
+
 class Sink(ABC):
     """A two-phase-commit target. Subclasses keep the ledger in ``self.ledger``."""
 
@@ -333,6 +348,21 @@ class Sink(ABC):
         log.info("sweep of %s aborted %d of its %d attempts live for longer than %s", self.target_id, len(swept),
                  len(mine), older_than)
         return swept
+
+    def unattributed(self, conn, pipeline: str, topics: Sequence[str]) -> Iterator[ForeignRecord]:
+        """What ``verify`` reads beyond :meth:`published_relation`: the WHOLE
+        target as its readers see it (a Kafka topic read with
+        ``isolation.level=read_committed``), yielding every row or record there
+        that cannot be attributed to ``pipeline``'s committed windows and that
+        concerns it: one written by no airflow-eos pipeline (a foreign writer),
+        one another pipeline published from one of ``topics`` (this pipeline's
+        source topics: the same records twice). Rows of other pipelines with
+        other topics are theirs, not foreign. ``conn`` is verify's connection
+        to the ledger's database (its snapshot). Each is a violation.
+
+        By default nothing: for a target whose readers see no more than
+        :meth:`published_relation` holds (it gives the whole target)."""
+        return iter(())
 
     def published_relation(self, conn, pipeline: str, columns: tuple[str, ...] = ()):
         """What ``verify`` audits: a relation (a psycopg ``sql.Composable``

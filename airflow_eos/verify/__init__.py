@@ -46,12 +46,14 @@ from airflow_eos.core.source import PartitionLog
 from airflow_eos.core.target import TargetSpec
 from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.verify.audit import _Audit, committed_prefix
+from airflow_eos.verify.foreign import foreign_violations
 from airflow_eos.verify.report import (
     CHECKPOINT,
     COUNT,
     DEAD_AND_PUBLISHED,
     DUPLICATE,
     EXTRA,
+    FOREIGN,
     HELD,
     MISSING,
     MORE,
@@ -94,6 +96,8 @@ def verify(ledger: Ledger, kafka: PartitionLog | Mapping[str, Any], target: Targ
             audit.load()
             audit.read_kafka(kafka, timeout)
             audit.check()
+            topics = {r.topic for w in audit.windows.values() for r in w.ranges}
+            audit.violations += foreign_violations(sink, conn, pipeline, topics, label, max_examples)
         except psycopg.OperationalError as exc:
             raise LedgerUnavailable(f"verify lost the database {redact(ledger.url)}: {exc}") from exc
         finally:
@@ -121,4 +125,4 @@ def _sink_of(target: TargetSpec | Sink | str, ledger: Ledger) -> tuple[Sink, str
 
 
 __all__ = ["verify", "VerifyReport", "WindowAudit", "Totals", "Violation", "committed_prefix", "DUPLICATE",
-           "DEAD_AND_PUBLISHED", "MISSING", "EXTRA", "COUNT", "CHECKPOINT", "OFFSETS", "SOURCE", "HELD", "MORE"]
+           "DEAD_AND_PUBLISHED", "MISSING", "EXTRA", "COUNT", "CHECKPOINT", "OFFSETS", "SOURCE", "HELD", "FOREIGN", "MORE"]

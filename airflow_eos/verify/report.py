@@ -21,6 +21,7 @@ CHECKPOINT = "checkpoint"  # the committed attempt's checkpoint differs from pla
 OFFSETS = "offsets"  # eos.partition_offsets differs from the contiguous committed prefix
 SOURCE = "source"  # planned records can no longer be read from Kafka
 HELD = "held"  # a partition's last committed end cut is a skewed record that holds older records behind it
+FOREIGN = "foreign"  # a row or record of the target its readers see that is not of the pipeline's committed windows
 MORE = "more"  # further examples of a kind in a window, not listed one by one
 
 
