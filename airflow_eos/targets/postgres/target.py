@@ -69,7 +69,7 @@ from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger, WindowState
-from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, Sink, skip_committed
+from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, ForeignRecord, Sink, skip_committed
 from airflow_eos.core.target import DEFAULT_CONN_IDS, POSTGRES, ConnectionRef, TargetSpec
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.postgres import publish, shape, staging
@@ -464,3 +464,7 @@ class PostgresTarget(TargetSpec, Sink):
         the table must exist and have the window columns; the lineage columns
         are there if the table has all three."""
         return shape.published_relation(conn, self._target, self.table, self.url, pipeline, columns)
+
+    def unattributed(self, conn: psycopg.Connection, pipeline: str, topics: Sequence[str]) -> Iterator[ForeignRecord]:
+        """The whole table's rows of other pipelines from this pipeline's topics (see shape.unattributed)."""
+        return shape.unattributed(conn, self._target, self.table, pipeline, topics)
