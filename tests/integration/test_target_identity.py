@@ -98,3 +98,28 @@ def test_a_claim_recorded_before_places_is_recognised_and_filled_in(connections,
     assert claims(pg_url)[0][2] is not None
     with pytest.raises(OwnershipConflict, match="published twice"):
         plan("new_other_id", source, KafkaTarget(topic=out, kafka_conn_id="kafka_out_b", postgres_conn_id="ledger_id"))
+
+
+def test_a_table_named_through_another_search_path_is_the_same_table(connections, source, pg_url, monkeypatch):
+    """``orders`` through a connection whose search_path is ``analytics`` is the
+    table ``analytics.orders``: the claim resolves the name in the database."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from airflow_eos.targets.postgres import PostgresTarget
+
+    info = conninfo_to_dict(pg_url)
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_SP", json.dumps({
+        "conn_type": "postgres", "host": info.get("host"), "port": int(info.get("port", 5432)),
+        "login": info.get("user"), "password": info.get("password"), "schema": info.get("dbname"),
+        "extra": {"options": "-csearch_path=analytics"}}))
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA analytics; CREATE TABLE analytics.orders (value text, eos_topic text,"
+                     " eos_partition integer, eos_offset bigint, eos_pipeline text, eos_window_start timestamptz)")
+    qualified = PostgresTarget(table="analytics.orders", postgres_conn_id="ledger_id")
+    unqualified = PostgresTarget(table="orders", postgres_conn_id="ledger_sp")
+    assert qualified.target_id != unqualified.target_id  # postgresql:public.orders, as the old identity said
+
+    assert plan("orders_a", source, qualified) is not None
+    with pytest.raises(OwnershipConflict, match="published twice"):
+        plan("orders_b", source, unqualified)
+    assert claims(pg_url) == [("orders_a", "postgresql:analytics.orders", "postgresql:analytics.orders")]

@@ -154,3 +154,11 @@ def unattributed(conn: psycopg.Connection, target: sql.Identifier, table: str, p
         yield ForeignRecord(f"table {table}", f"has {n} row(s) of {who} (window {window_start.isoformat() if window_start else None}) for "
                             f"source record {topic}[{partition}]@{offset} of this pipeline's topics: readers of the "
                             "table see that record again", topic, partition, offset)
+
+
+def resolved_name(conn: psycopg.Connection, target: sql.Identifier) -> tuple[str, str] | None:
+    """(schema, table) of the table ``target`` names in this session (a name
+    without a schema resolves through the connection's search_path), or None
+    if there is none."""
+    return conn.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                        " WHERE c.oid = to_regclass(%s)", (target.as_string(conn),)).fetchone()

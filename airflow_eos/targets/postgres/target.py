@@ -253,6 +253,17 @@ class PostgresTarget(TargetSpec, Sink):
         schema, table = parse_table_name(self.table)
         return "postgresql:" + ".".join(quoted_if_needed(part) for part in (schema or "public", table))
 
+    def claim_identity(self) -> str:
+        """The table the name resolves to in the target database, as
+        ``postgresql:schema.table`` (the form of :attr:`target_id`): a name
+        without a schema resolves through the connection's search_path, which
+        may not be ``public``. A table not created yet: :attr:`target_id`."""
+        with self._connection("resolve target table") as conn:
+            found = shape.resolved_name(conn, self._target)
+        if found is None:
+            return self.target_id
+        return "postgresql:" + ".".join(quoted_if_needed(part) for part in found)
+
     def sweeps_unclaimed(self, attempt: Attempt) -> bool:
         """Yes: a pipeline claimed for no target (planned by a version before
         claims, or without its target) is taken to publish into PostgreSQL, as
