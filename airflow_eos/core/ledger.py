@@ -63,8 +63,8 @@ class WindowRecord(NamedTuple):
 
 
 def _claim(row: tuple) -> Claim:
-    pipeline, topics, dag_id, target, exclusive = row
-    return Claim(pipeline, tuple(topics), dag_id, target, exclusive)
+    pipeline, topics, dag_id, target, exclusive, place = row
+    return Claim(pipeline, tuple(topics), dag_id, target, exclusive, place)
 
 
 @dataclass(frozen=True)
@@ -295,7 +295,9 @@ class Ledger:
 
     # ------------------------------------------------------------------ ownership
 
-    _CLAIM_COLUMNS = "pipeline, topics, dag_id, target, target_exclusive"
+    # target_place through the row's JSON: readers that never migrate (the CLI,
+    # the UI) read ledgers from before migration 11 too, where it is null.
+    _CLAIM_COLUMNS = "pipeline, topics, dag_id, target, target_exclusive, to_jsonb(p) ->> 'target_place'"
     CLAIMS_SINCE_VERSION = 5
 
     def records_claims(self, conn: psycopg.Connection) -> bool:
@@ -311,14 +313,17 @@ class Ledger:
     def load_claim(self, conn: psycopg.Connection, pipeline: str) -> Claim | None:
         """The pipeline's recorded claim; None if it has none (never planned,
         planned before claims were recorded, or released). One primary-key read."""
-        row = conn.execute(f"SELECT {self._CLAIM_COLUMNS} FROM eos.pipelines"
+        row = conn.execute(f"SELECT {self._CLAIM_COLUMNS} FROM eos.pipelines p"
                            " WHERE pipeline = %s AND topics IS NOT NULL", (pipeline,)).fetchone()
         return None if row is None else _claim(row)
 
-    def claims_on_target(self, conn: psycopg.Connection, target: str) -> list[Claim]:
-        """Every pipeline claimed with this target (index pipelines_target)."""
-        rows = conn.execute(f"SELECT {self._CLAIM_COLUMNS} FROM eos.pipelines WHERE target = %s ORDER BY pipeline",
-                            (target,)).fetchall()
+    def claims_on_target(self, conn: psycopg.Connection, target: str, place: str | None = None) -> list[Claim]:
+        """Every pipeline claimed with this target id or, if given, this place
+        (indexes pipelines_target, pipelines_target_place). Planners only: it
+        needs migration 11."""
+        rows = conn.execute(f"SELECT {self._CLAIM_COLUMNS} FROM eos.pipelines p WHERE target = %s"
+                            " OR (%s::text IS NOT NULL AND target_place = %s) ORDER BY pipeline",
+                            (target, place, place)).fetchall()
         return [_claim(r) for r in rows]
 
     def lock_target(self, conn: psycopg.Connection, target: str) -> None:
@@ -331,8 +336,8 @@ class Ledger:
         """Record the claim. Call under ``lock_pipeline`` (and ``lock_target``)."""
         conn.execute(
             "UPDATE eos.pipelines SET topics = %s, dag_id = %s, target = %s, target_exclusive = %s,"
-            " claimed_at = coalesce(claimed_at, now()) WHERE pipeline = %s",
-            (list(claim.topics), claim.dag_id, claim.target, claim.target_exclusive, claim.pipeline),
+            " target_place = %s, claimed_at = coalesce(claimed_at, now()) WHERE pipeline = %s",
+            (list(claim.topics), claim.dag_id, claim.target, claim.target_exclusive, claim.place, claim.pipeline),
         )
 
     def release(self, conn: psycopg.Connection, pipeline: str) -> Claim | None:
@@ -343,6 +348,8 @@ class Ledger:
         claim = self.load_claim(conn, pipeline)
         conn.execute("UPDATE eos.pipelines SET topics = NULL, dag_id = NULL, target = NULL,"
                      " target_exclusive = false, claimed_at = NULL WHERE pipeline = %s", (pipeline,))
+        if self._schema_at_least(conn, 11):
+            conn.execute("UPDATE eos.pipelines SET target_place = NULL WHERE pipeline = %s", (pipeline,))
         return claim
 
     def overlapping_windows(self, conn: psycopg.Connection, window: Window) -> list[tuple[datetime, datetime]]:

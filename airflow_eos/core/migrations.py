@@ -375,6 +375,18 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        11,
+        """
+        -- The physical thing a claim's target resolved to at plan time
+        -- (Sink.claim_identity: a Kafka topic by its cluster's id, not by the
+        -- connection id in `target`). Null for claims recorded before; the
+        -- pipeline's next plan fills it in. Two claims share a target when
+        -- their `target` or their `target_place` is equal.
+        ALTER TABLE eos.pipelines ADD COLUMN target_place text;
+        CREATE INDEX pipelines_target_place ON eos.pipelines (target_place) WHERE target_place IS NOT NULL;
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

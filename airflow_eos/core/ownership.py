@@ -37,8 +37,13 @@ RELEASE_HINT = "airflow-eos release --pipeline {pipeline} --postgres-url ..."
 class Claim:
     """What a plan says a pipeline belongs to, or what the ledger recorded.
 
-    ``target`` is the target's opaque identity (``PostgresTarget.target_id``);
-    ``target_exclusive`` says the target holds this one pipeline only.
+    ``target`` is the target's id as its spec names it (``PostgresTarget.target_id``,
+    ``kafka:<conn_id>/<topic>``); ``place`` the physical thing it resolved to
+    at run time (``Sink.claim_identity``: ``kafka-cluster:<id>/<topic>``), None
+    where unknown (a claim recorded before places were, a plan without its
+    target's connections); ``target_exclusive`` says the target holds this one
+    pipeline only. Two claims name one target when their ids or their places
+    are equal (:meth:`same_target`).
     """
 
     pipeline: str
@@ -46,6 +51,14 @@ class Claim:
     dag_id: str | None = None
     target: str | None = None
     target_exclusive: bool = False
+    place: str | None = None
+
+    def same_target(self, other: "Claim") -> bool:
+        """Both claims publish into one target: one id (the old comparison, which
+        recognises every claim recorded before places), or one place (two
+        connection ids of one cluster)."""
+        return bool((self.target and self.target == other.target)
+                    or (self.place and self.place == other.place))
 
     def describe(self) -> str:
         """``pipeline 'p' (DAG 'd'; topics a, b; target postgresql:s.t)``."""
@@ -65,6 +78,7 @@ class Claim:
         return (self.topics == asked.topics
                 and (asked.dag_id is None or asked.dag_id == self.dag_id)
                 and (asked.target is None or asked.target == self.target)
+                and (asked.place is None or asked.place == self.place)
                 and (self.target_exclusive or not asked.target_exclusive))
 
     def filled_from(self, asked: "Claim") -> "Claim":
@@ -73,7 +87,9 @@ class Claim:
         for one pipeline only stays so until released: its partitions are that
         pipeline's."""
         return Claim(self.pipeline, self.topics, self.dag_id or asked.dag_id, self.target or asked.target,
-                     self.target_exclusive or asked.target_exclusive)
+                     self.target_exclusive or asked.target_exclusive,
+                     # the place resolved now wins: the target id names the same thing it did
+                     asked.place or self.place)
 
 
 def own_claim_conflict(claimed: Claim, asked: Claim) -> str | None:
@@ -99,7 +115,7 @@ def own_claim_conflict(claimed: Claim, asked: Claim) -> str | None:
 def shared_target_conflict(other: Claim, asked: Claim) -> str | None:
     """Why pipeline ``asked`` may not publish into the target ``other`` (another
     pipeline) claimed first, or None."""
-    if other.pipeline == asked.pipeline or not asked.target or other.target != asked.target:
+    if other.pipeline == asked.pipeline or not asked.target or not other.same_target(asked):
         return None
     if other.target_exclusive or asked.target_exclusive:
         return (f"target {asked.target} takes the windows of one pipeline only (as a partition_per_window "
@@ -107,8 +123,10 @@ def shared_target_conflict(other: Claim, asked: Claim) -> str | None:
                 f"refused: {asked.describe()}. Give pipeline {asked.pipeline!r} a target of its own.")
     shared = sorted(set(other.topics) & set(asked.topics))
     if shared:
+        where = asked.target if other.target == asked.target else (
+            f"{asked.place} (named {other.target} by {other.pipeline!r} and {asked.target} by {asked.pipeline!r})")
         return (f"pipelines {other.pipeline!r} and {asked.pipeline!r} would both publish topic(s) "
-                f"{', '.join(shared)} into {asked.target}: every record of them would be published twice. "
+                f"{', '.join(shared)} into {where}: every record of them would be published twice. "
                 f"{other.describe()} claimed it first; refused: {asked.describe()}. Read other topics, publish "
                 "into another target, or run them as one pipeline.")
     return None

@@ -139,7 +139,8 @@ class PlanRequest:
     who asks: ``dag_id`` (None: not planned from a DAG) and ``target_id`` (the
     target's identity, None: not named) with ``target_exclusive`` (the target
     holds one pipeline only) make the claim the plan checks, or records, in the
-    ledger (see core/ownership.py)."""
+    ledger (see core/ownership.py); ``target_place`` is the physical thing the
+    target resolved to (``Sink.claim_identity``), None where not resolved."""
 
     window: Window
     topics: tuple[str, ...]
@@ -152,6 +153,7 @@ class PlanRequest:
     # Other ids the same target may have been claimed under (TargetSpec.target_aliases): a claim recorded
     # under one is the claim of target_id, and is recorded so by this plan.
     target_aliases: tuple[str, ...] = ()
+    target_place: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topics", normalise_topics(self.topics, self.window.pipeline))
@@ -159,7 +161,7 @@ class PlanRequest:
         if self.idle_partition_grace < timedelta(0):
             raise ConfigurationError("idle_partition_grace must not be negative")
         check_skew_rule(self.max_timestamp_skew, self.on_skewed_timestamp, f"pipeline {self.window.pipeline!r}")
-        for name in ("dag_id", "target_id"):
+        for name in ("dag_id", "target_id", "target_place"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigurationError(f"{name} of pipeline {self.window.pipeline!r} must be a non-empty "
@@ -170,7 +172,8 @@ class PlanRequest:
 
     @property
     def claim(self) -> Claim:
-        return Claim(self.window.pipeline, self.topics, self.dag_id, self.target_id, self.target_exclusive)
+        return Claim(self.window.pipeline, self.topics, self.dag_id, self.target_id, self.target_exclusive,
+                     self.target_place if self.target_id is not None else None)
 
     def as_claimed(self, claim: Claim | None) -> Claim | None:
         """A recorded claim, its target read as ``target_id`` when it names one
@@ -290,22 +293,25 @@ def claim_pipeline(ledger: Ledger, conn, asked: Claim, aliases: tuple[str, ...] 
     not name yet; raise OwnershipConflict (nothing written) when the pipeline
     belongs to another DAG, topics or target, or another pipeline publishes the
     same records into the target. Claims of one target are serialised, so two
-    pipelines claiming it at once see each other. A claim recorded under one of
-    ``aliases`` (the target's id as an earlier version spelt it) is the
-    target's, and is recorded under its id now."""
+    pipelines claiming it at once see each other, also when they name it
+    through different ids of one place (the id's lock first, then the place's).
+    A claim recorded under one of ``aliases`` (the target's id as an earlier
+    version spelt it) is the target's, and is recorded under its id now."""
     def as_target(claim: Claim | None) -> Claim | None:
         return dataclasses.replace(claim, target=asked.target) if claim and claim.target in aliases else claim
 
     with conn.transaction():
         if asked.target is not None:
             ledger.lock_target(conn, asked.target)
+            if asked.place is not None:
+                ledger.lock_target(conn, asked.place)
         ledger.lock_pipeline(conn, asked.pipeline)
         claimed = as_target(ledger.load_claim(conn, asked.pipeline))
         if claimed is not None:  # claimed meanwhile, or a claim to fill in
             _refuse_conflict(own_claim_conflict(claimed, asked))
         claim = asked if claimed is None else claimed.filled_from(asked)
         if asked.target is not None:
-            for other in [c for t in (asked.target, *aliases) for c in ledger.claims_on_target(conn, t)]:
+            for other in [c for t in (asked.target, *aliases) for c in ledger.claims_on_target(conn, t, claim.place)]:
                 _refuse_conflict(shared_target_conflict(as_target(other), claim))
         ledger.save_claim(conn, claim)
     log.info("%s %s", "claimed" if claimed is None else "claim filled in:", claim.describe())

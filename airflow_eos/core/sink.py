@@ -110,17 +110,6 @@ class SparkOutput:
     reserved: tuple[str, ...] = ()  # columns the target gives readers itself: dropped from the rows
 
 
-@dataclass(frozen=True)
-class UnattributedRows:
-    """Rows a reader of the target sees that are not of the audited
-    pipeline's published windows, nor of another pipeline the target knows
-    published them there (see :meth:`Sink.unattributed_rows`)."""
-
-    where: str  # where a reader finds them: a file, a partition, a topic range
-    rows: int | None  # how many (None: unreadable, e.g. not a Parquet file, which fails every reader)
-    origin: str  # who wrote them, as far as the target can tell (a commit manifest, the rows' lineage), or why unknown
-
-
 # The columns (and Spark types) of a dead letter written as Parquet: its source
 # record, the error, and the raw record.
 DEAD_LETTER_SCHEMA = (("topic", "string"), ("partition", "int"), ("offset", "long"), ("error", "string"),
@@ -154,6 +143,22 @@ def skip_committed(conn, attempt: Attempt, status) -> CommitResult:
     return result
 
 
+@dataclass(frozen=True)
+class ForeignRecord:
+    """A row or record of a target that its readers see and that verify cannot
+    attribute to the audited pipeline's committed windows (see
+    :meth:`Sink.unattributed`): ``where`` it is in the target (``topic out
+    partition 2 offset 17``), ``why`` it is foreign (who wrote it, where the
+    lineage says so), and its source record where the lineage names one."""
+
+    where: str
+    why: str
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+    rows: int | None = 1  # the target's rows it stands for (a file's row count; None: unreadable)
+
+
 class Sink(ABC):
     """A two-phase-commit target. Subclasses keep the ledger in ``self.ledger``."""
 
@@ -177,6 +182,16 @@ class Sink(ABC):
         """Other ids this target may be claimed under (see
         ``TargetSpec.target_aliases``): its sweep takes their pipelines too."""
         return ()
+
+    def claim_identity(self) -> str:
+        """The physical thing this sink publishes into, as a pipeline's claim
+        records it beside :attr:`target_id` (``eos.pipelines.target_place``):
+        two pipelines whose targets resolve to one identity share a target
+        (core/ownership.py), whichever connection ids their specs name. Resolved
+        at run time (the plan), where the connections are; may ask the target
+        (a Kafka target asks its cluster for its id). By default
+        :attr:`target_id`, for targets whose id already names the thing."""
+        return self.target_id
 
     def sweeps_unclaimed(self, attempt: Attempt) -> bool:
         """May :meth:`sweep` abort ``attempt``, a stale attempt of a pipeline
@@ -356,14 +371,20 @@ class Sink(ABC):
                  len(mine), older_than)
         return swept
 
-    def unattributed_rows(self, conn, pipeline: str) -> list[UnattributedRows]:
-        """What a reader of the whole target sees beyond
-        :meth:`published_relation`'s rows and the other pipelines' published
-        windows: rows nobody committed there (a foreign file, a second
-        pipeline's rows, a leftover). ``verify`` reports each as a violation
-        (``foreign``). ``conn`` is verify's connection to the ledger. None by
-        default: a target whose relation already holds every row readers see."""
-        return []
+    def unattributed(self, conn, pipeline: str, topics: Sequence[str]) -> Iterator[ForeignRecord]:
+        """What ``verify`` reads beyond :meth:`published_relation`: the WHOLE
+        target as its readers see it (a Kafka topic read with
+        ``isolation.level=read_committed``), yielding every row or record there
+        that cannot be attributed to ``pipeline``'s committed windows and that
+        concerns it: one written by no airflow-eos pipeline (a foreign writer),
+        one another pipeline published from one of ``topics`` (this pipeline's
+        source topics: the same records twice). Rows of other pipelines with
+        other topics are theirs, not foreign. ``conn`` is verify's connection
+        to the ledger's database (its snapshot). Each is a violation.
+
+        By default nothing: for a target whose readers see no more than
+        :meth:`published_relation` holds (it gives the whole target)."""
+        return iter(())
 
     def published_relation(self, conn, pipeline: str, columns: tuple[str, ...] = ()):
         """What ``verify`` audits: a relation (a psycopg ``sql.Composable``

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+from airflow_eos.core.client_settings import masked, refuse_inline_secrets, without_secrets
 from airflow_eos.core.errors import ConfigurationError, SourceUnavailable, UnknownTopic
 from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA
@@ -151,7 +152,7 @@ def reader(config: dict, purpose: str = "a Kafka consumer"):
     try:
         return Consumer(config)
     except KafkaException as exc:
-        text = _without_secrets(str(exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError)
+        text = without_secrets(str(exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError)
                                     else exc), config)
         where = f"{purpose} for bootstrap.servers {config.get('bootstrap.servers')!r}"
         if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError._INVALID_ARG:
@@ -160,18 +161,6 @@ def reader(config: dict, purpose: str = "a Kafka consumer"):
                 "(librdkafka properties, see librdkafka's CONFIGURATION.md): correct or remove that property "
                 "there") from None
         raise SourceUnavailable(f"cannot create {where}: {text}") from None
-
-
-# Settings whose values must never be shown: librdkafka may quote a value it refuses.
-_SECRET_KEY = re.compile(r"(?i)password|secret|sasl\.oauthbearer\.config|ssl\.key\.pem|ssl_key")
-
-
-def _without_secrets(text: str, config: Mapping[str, Any]) -> str:
-    """``text`` with the value of every secret setting of ``config`` masked."""
-    for key, value in config.items():
-        if _SECRET_KEY.search(str(key)) and isinstance(value, str) and value:
-            text = text.replace(value, "***")
-    return text
 
 
 def normalise_topics(topics, pipeline: str = "") -> tuple[str, ...]:
@@ -201,6 +190,12 @@ class KafkaSource:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topics", normalise_topics(self.topics))
+        object.__setattr__(self, "reader_config", dict(self.reader_config or {}))
+        refuse_inline_secrets(self.reader_config, "KafkaSource(reader_config=...)")
+
+    def __repr__(self) -> str:
+        return (f"KafkaSource(topics={list(self.topics)!r}, kafka_conn_id={self.kafka_conn_id!r}, "
+                f"reader_config={masked(self.reader_config)!r})")
 
 
 @dataclass(frozen=True)

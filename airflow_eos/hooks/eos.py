@@ -148,18 +148,22 @@ def plan_or_none(
     target_id: str | None = None,
     target_exclusive: bool = False,
     target_aliases: Sequence[str] = (),
+    target: Mapping[str, Any] | None = None,
 ) -> WindowPlan | None:
     """steps.plan with the connections resolved: the window's frozen plan, or
     None while the window is not closed.
 
     ``dag_id``, ``target_id`` and ``target_exclusive`` are the plan's claim on
     the pipeline (see core/ownership.py); None where the caller does not know
-    (a trigger serialised by an older version names neither)."""
+    (a trigger serialised by an older version names neither). ``target`` (the
+    unbound spec's to_dict) is resolved here, where its connections can be
+    read, into the physical place the claim records (``Sink.claim_identity``)."""
+    place = resolve_target(target).claim_identity() if target is not None and target_id is not None else None
     request = PlanRequest(Window(pipeline, window_start, window_end), tuple(topics),
                           timedelta(seconds=idle_partition_grace_seconds),
                           timedelta(seconds=max_timestamp_skew_seconds), on_skewed_timestamp,
                           dag_id=dag_id, target_id=target_id, target_exclusive=target_exclusive,
-                          target_aliases=tuple(target_aliases))
+                          target_aliases=tuple(target_aliases), target_place=place)
     with KafkaLog(EosKafkaHook(kafka_config_id=kafka_conn_id).kafka_config) as kafka_log:
         return steps.plan(ledger_for(postgres_conn_id), kafka_log, request)
 

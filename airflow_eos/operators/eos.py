@@ -125,6 +125,8 @@ class EosPlanWindowOperator(BaseSensorOperator):
             "target_id": self.target.target_id if self.target else None,
             "target_aliases": list(self.target.target_aliases) if self.target else [],
             "target_exclusive": self.target.exclusive if self.target else False,
+            # resolved at run time into the target's physical place (Sink.claim_identity)
+            "target": self.target.to_dict() if self.target else None,
         }
 
     def _plan_or_none(self) -> WindowPlan | None:

@@ -23,6 +23,7 @@ from airflow_eos.core.sink import Sink
 from airflow_eos.core.source import PartitionLog
 from airflow_eos.core.windows import PartitionRange, TopicPartition
 from airflow_eos.verify.kafka import read_records
+from airflow_eos.verify.foreign import foreign_violations
 from airflow_eos.verify.report import (
     CHECKPOINT,
     COUNT,
@@ -102,15 +103,15 @@ class _Audit:
         self._check_unattributed()
 
     def _check_unattributed(self) -> None:
-        """Rows readers of the target see that no committed window of this
-        pipeline (nor another pipeline the target knows) accounts for: counted
-        as extra rows without a window, each source named."""
-        for u in self.sink.unattributed_rows(self.conn, self.pipeline):
-            self._count(EXTRA, None, u.rows or 0)
-            rows = f"{u.rows} row(s)" if u.rows is not None else "an unreadable file"
-            self.violations.append(Violation(
-                FOREIGN, f"{rows} in {u.where}, which readers of {self.table} see, belong to no committed window "
-                         f"of pipeline {self.pipeline!r}: {u.origin}"))
+        """What readers of the whole target see that no committed window of
+        this pipeline accounts for (Sink.unattributed): FOREIGN violations,
+        their rows counted as extra rows without a window."""
+        topics = sorted({r.topic for w in self.windows.values() for r in w.ranges})
+        violations, rows = foreign_violations(self.sink, self.conn, self.pipeline, topics, self.table,
+                                              self.max_examples)
+        self.violations += violations
+        if rows:
+            self._count(EXTRA, None, rows)
 
     def _check_unpublished(self) -> None:
         """Windows decided and never published: committed in the ledger, the

@@ -21,9 +21,9 @@ CHECKPOINT = "checkpoint"  # the committed attempt's checkpoint differs from pla
 OFFSETS = "offsets"  # eos.partition_offsets differs from the contiguous committed prefix
 SOURCE = "source"  # planned records can no longer be read from Kafka
 HELD = "held"  # a partition's last committed end cut is a skewed record that holds older records behind it
+FOREIGN = "foreign"  # a row or record of the target its readers see that is not of the pipeline's committed windows
 MORE = "more"  # further examples of a kind in a window, not listed one by one
 UNPUBLISHED = "unpublished"  # a window decided (committed in the ledger) whose publication never reached the target
-FOREIGN = "foreign"  # rows a reader of the target sees that no committed window of the pipeline accounts for
 
 
 @dataclass(frozen=True)

@@ -440,3 +440,61 @@ def test_teardown_ends_a_transaction_a_dead_committer_left_open(pg_url, sink, pl
     assert sink.commit(rerun).outcome == PUBLISHED
     assert seen_lineage(sink, pg_url) == lineage(plan)
     assert {e for *_, e in published(sink, pg_url)} == {2}
+
+
+# --------------------------------------------------------------------------- verify reads the whole topic (issue 33)
+
+def _source_records(topics, source):
+    """The records the frozen window 0 plans (offsets 0..4 of both partitions), stamped inside it."""
+    from datetime import datetime, timezone
+    from airflow_eos.core.windows import to_millis
+    t0 = to_millis(datetime(2024, 1, 1, tzinfo=timezone.utc))
+    topics.produce(source, [(p, t0 + 60_000 * o, f"src {p}/{o}".encode()) for p in (0, 1) for o in range(5)])
+
+
+def test_verify_reports_a_second_pipeline_publishing_the_same_records_through_another_connection_id(
+        pg_url, sink, freeze_windows, source, topics, target_topic, kafka_config, ledger):
+    """The issue's case: pipeline 'copy' reads the same source topic and
+    publishes into the same topic, naming the cluster by another connection id.
+    A read_committed reader of the topic sees every source record twice; each
+    pipeline's verify says so, naming the other pipeline from the lineage headers."""
+    from airflow_eos.verify import FOREIGN, verify
+
+    _source_records(topics, source)
+    partitions = ((source, 0), (source, 1))
+    [plan] = freeze_windows(PIPELINE, [0], partitions=partitions)
+    [copy_plan] = freeze_windows("copy", [0], partitions=partitions)
+    copy_sink = kafka_target(target_topic, pg_url, kafka_config, kafka_conn_id="kafka_other").sink()
+    assert sink.commit(stage(sink, plan)).outcome == PUBLISHED
+    assert copy_sink.commit(stage(copy_sink, copy_plan)).outcome == PUBLISHED
+
+    for name, own, other in ((PIPELINE, sink, "copy"), ("copy", copy_sink, PIPELINE)):
+        report = verify(ledger, kafka_config, own, name)
+        foreign = [x for x in report.violations if x.kind == FOREIGN]
+        assert not report.clean
+        assert sorted((x.topic, x.partition, x.offset) for x in foreign) == lineage(plan)  # each record, by lineage
+        assert all(f"pipeline {other!r}" in x.message and target_topic in x.message for x in foreign)
+
+
+def test_verify_reports_a_foreign_writers_record_and_accepts_disjoint_pipelines(
+        pg_url, sink, freeze_windows, source, topics, target_topic, kafka_config, ledger):
+    """A record no airflow-eos pipeline wrote (no lineage headers) is seen by the
+    topic's readers: a violation. Records of another pipeline with other source
+    topics are that pipeline's: not a violation of this one."""
+    from airflow_eos.verify import FOREIGN, verify
+
+    _source_records(topics, source)
+    other_source = topics.create(partitions=1, prefix="src")
+    [plan] = freeze_windows(PIPELINE, [0], partitions=((source, 0), (source, 1)))
+    [other_plan] = freeze_windows("disjoint", [0], partitions=((other_source, 0),))
+    assert sink.commit(stage(sink, plan)).outcome == PUBLISHED
+    other_sink = kafka_target(target_topic, pg_url, kafka_config).sink()
+    assert other_sink.commit(stage(other_sink, other_plan)).outcome == PUBLISHED
+    assert verify(ledger, kafka_config, sink, PIPELINE).clean
+
+    topics.produce(target_topic, [(2, 0, b"written by hand")])
+    report = verify(ledger, kafka_config, sink, PIPELINE)
+    [foreign] = [x for x in report.violations if x.kind == FOREIGN]
+    assert not report.clean and "no airflow-eos lineage headers" in foreign.message
+    assert f"topic {target_topic} partition 2" in foreign.message
+    assert seen_lineage(sink, pg_url) == lineage(plan)  # the pipeline's own records are still each there once

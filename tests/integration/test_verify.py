@@ -526,3 +526,28 @@ def test_a_recreated_topic_is_reported_not_mistaken_for_extra_rows(ledger, kafka
             "cannot be read from Kafka, so its records cannot be checked: the log ends at offset 0 (the topic was "
             "recreated or lost data)") in str(report)
     assert [(a.kafka_records, a.published_rows, a.missing, a.extra) for a in report.windows] == [(None, 6, 0, 0)] * 2
+
+
+# --------------------------------------------------------------------------- the whole table (issue 33)
+
+
+def test_rows_of_another_pipeline_from_this_pipelines_topics_are_foreign(pg_url, ledger, kafka_config, orders):
+    """verify reads the whole table, as its readers do: rows another pipeline id
+    published (or left over) for this pipeline's source records are violations
+    naming that pipeline, by lineage; rows of a pipeline with other topics are
+    that pipeline's and not reported."""
+    built = build(ledger, kafka_config, orders)
+    assert verify(ledger, kafka_config, orders, PIPELINE).clean
+    execute(pg_url, "INSERT INTO orders SELECT id, value, 'elsewhere', eos_partition, eos_offset, 'other',"
+                    " eos_window_start FROM orders")  # a pipeline with disjoint topics shares the table
+    assert verify(ledger, kafka_config, orders, PIPELINE).clean
+
+    w1 = built.plans[1].window.start
+    copied = execute(pg_url, "INSERT INTO orders SELECT id, value, eos_topic, eos_partition, eos_offset, 'orders_copy',"
+                             " eos_window_start FROM orders WHERE eos_pipeline = %s AND eos_window_start = %s"
+                             " RETURNING eos_topic, eos_partition, eos_offset", (PIPELINE, w1))
+    report = verify(ledger, kafka_config, orders, PIPELINE)
+    assert not report.clean and set(kinds(report)) == {v.FOREIGN}
+    foreign = [x for x in report.violations if x.kind == v.FOREIGN]
+    assert sorted((x.topic, x.partition, x.offset) for x in foreign) == sorted(copied)
+    assert all("pipeline 'orders_copy'" in x.message and "table orders" in x.message for x in foreign)

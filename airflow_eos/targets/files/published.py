@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core.errors import TargetError
-from airflow_eos.core.sink import UnattributedRows
+from airflow_eos.core.sink import ForeignRecord
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files.commit import COMMIT_FORMAT
 from airflow_eos.targets.files.writer import COMMIT_FILE, visible
@@ -59,7 +59,7 @@ class FilePublished:
             "there, which no reader can see now: restore the directory (from a backup, or mount the file system "
             "it lives on), then run verify again")
 
-    def unattributed_rows(self, conn: psycopg.Connection, pipeline: str) -> list[UnattributedRows]:
+    def unattributed(self, conn: psycopg.Connection, pipeline: str, topics: Sequence[str]) -> Iterator[ForeignRecord]:
         """Every data file a reader of the root reads (every visible file under
         visible directories, as ``spark.read.parquet(root)`` and
         ``pyarrow.dataset`` read it) outside this pipeline's partition
@@ -84,8 +84,11 @@ class FilePublished:
                 continue
             for name in names:
                 path = os.path.join(directory, name)
-                found.append(UnattributedRows(path, *_origin(path, doc, shared)))
-        return found
+                rows, origin = _origin(path, doc, shared)
+                held = f"holds {rows} row(s)" if rows is not None else "is a file"
+                found.append(ForeignRecord(path, f"{held} that readers of {self.root} see and no committed window "
+                                                 f"of pipeline {pipeline!r} accounts for: {origin}", rows=rows))
+        return iter(found)
 
     def published_relation(self, conn: psycopg.Connection, pipeline: str,
                            columns: Sequence[str] = ()) -> sql.Composable:

@@ -177,6 +177,26 @@ def check_topic(kafka_config: Mapping[str, Any], topic: str) -> int:
     return len(found.partitions)
 
 
+def cluster_identity(kafka_config: Mapping[str, Any], topic: str) -> str:
+    """The physical identity of ``topic`` on the cluster ``kafka_config`` reaches,
+    whatever connection names it: ``kafka-cluster:<cluster id>/<topic>`` (the id
+    the cluster reports in its metadata; every broker of a real Kafka cluster
+    reports the same one). A broker that reports no cluster id (before Kafka
+    0.10.1) is named by the brokers its metadata lists (advertised addresses,
+    sorted): ``kafka-brokers:<host:port,...>/<topic>``."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient(_producer_client(kafka_config))
+    try:
+        metadata = admin.list_topics(timeout=TIMEOUT)  # every topic: naming one may create it
+    except KafkaException as exc:
+        raise TargetError(f"cannot reach the Kafka cluster of target topic {topic}: {exc.args[0]}") from exc
+    if metadata.cluster_id:
+        return f"kafka-cluster:{metadata.cluster_id}/{topic}"
+    brokers = sorted(f"{b.host}:{b.port}" for b in metadata.brokers.values())
+    return f"kafka-brokers:{','.join(brokers)}/{topic}"
+
+
 def producer(kafka_config: Mapping[str, Any], tx_id: str, extra: Mapping[str, Any]):
     from confluent_kafka import Producer
     config = {"linger.ms": 20, "batch.num.messages": 10000, **_producer_client(kafka_config), **dict(extra),

@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.errors import TargetError
+from airflow_eos.core.sink import ForeignRecord
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.kafka import client
 
@@ -39,6 +40,16 @@ class KafkaPublished:
         """Every record of the topic whose headers name ``pipeline`` (and, if
         ``committed_only`` is given, a (window_start ISO, token) in it), as
         dicts of its headers, key, value, partition and offset."""
+        def keep(headers: dict) -> bool:
+            return headers.get(client.H_PIPELINE) == pipeline and (
+                committed_only is None
+                or (headers.get(client.H_WINDOW_START), int(headers.get(client.H_COMMIT, 0))) in committed_only)
+        return self.read_topic(keep, timeout=timeout)
+
+    def read_topic(self, keep: Callable[[dict], bool], *, timeout: float = 60.0) -> list[dict]:
+        """Every record of the whole topic, read with ``isolation.level=read_committed``
+        as its readers read it, whose headers ``keep`` accepts (the lineage
+        headers as text), as dicts of its headers, key, value, partition and offset."""
         from confluent_kafka import Consumer, KafkaError
         from confluent_kafka import TopicPartition as KafkaTP
         partitions = client.check_topic(self.kafka_config, self.topic)
@@ -66,10 +77,7 @@ class KafkaPublished:
                 # the lineage headers as text, the transform's header columns as sent (bytes)
                 headers = {k: (v.decode() if k.startswith("eos-") else v) for k, v in (msg.headers() or [])
                            if v is not None}
-                if headers.get(client.H_PIPELINE) != pipeline:
-                    continue
-                if committed_only is not None and (headers.get(client.H_WINDOW_START),
-                                                   int(headers.get(client.H_COMMIT, 0))) not in committed_only:
+                if not keep(headers):
                     continue
                 found.append({"headers": headers, "key": msg.key(), "value": msg.value(),
                               "partition": msg.partition(), "offset": msg.offset()})
@@ -84,10 +92,7 @@ class KafkaPublished:
         lineage ``eos_topic``, ``eos_partition``, ``eos_offset`` (from the
         headers), ``eos_epoch``, ``eos_commit``, and ``key``, ``value`` if asked."""
         from psycopg import sql
-        commits = conn.execute("SELECT window_start, token FROM eos.kafka_commits WHERE pipeline = %s AND target = %s",
-                               (pipeline, self.target_id)).fetchall()
-        committed = {(to_utc(ws).isoformat(), int(token)) for ws, token in commits}
-        records = self.published_records(pipeline, committed_only=committed)
+        records = self.published_records(pipeline, committed_only=self._committed(conn, pipeline))
         extra = [c for c in columns if c in ("key", "value")]
         name = f"eos_published_{secrets.token_hex(6)}"
         conn.execute(sql.SQL(
@@ -102,6 +107,42 @@ class KafkaPublished:
                                 _int(h.get(client.H_EPOCH)), _int(h.get(client.H_COMMIT)),
                                 *[r[c] for c in extra]))
         return sql.Identifier(name)
+
+
+    def _committed(self, conn: psycopg.Connection, pipeline: str) -> set[tuple[str, int]]:
+        """(window_start ISO, token) of each of the pipeline's committed transactions into this topic."""
+        commits = conn.execute("SELECT window_start, token FROM eos.kafka_commits WHERE pipeline = %s AND target = %s",
+                               (pipeline, self.target_id)).fetchall()
+        return {(to_utc(ws).isoformat(), int(token)) for ws, token in commits}
+
+    def unattributed(self, conn: psycopg.Connection, pipeline: str, topics: Sequence[str]) -> Iterator[ForeignRecord]:
+        """Sink.unattributed: the records of the whole topic (read_committed)
+        that no airflow-eos pipeline wrote, or that another pipeline published
+        from one of ``topics``. The pipeline's own records are audited by
+        :meth:`published_relation`; one of them that no committed transaction
+        names is not reported here: the embedded test broker shows aborted
+        transactions' records to read_committed readers (a real Kafka hides them)."""
+        mine = set(topics)
+
+        def foreign(h: dict) -> bool:
+            owner = h.get(client.H_PIPELINE)
+            return owner is None or (owner != pipeline and h.get(client.H_TOPIC) in mine)
+        for r in self.read_topic(foreign):
+            yield _foreign(self.topic, r)
+
+
+def _foreign(topic: str, record: dict) -> ForeignRecord:
+    h = record["headers"]
+    where = f"topic {topic} partition {record['partition']} offset {record['offset']}"
+    owner = h.get(client.H_PIPELINE)
+    if owner is None:
+        return ForeignRecord(where, "carries no airflow-eos lineage headers: a writer other than airflow-eos "
+                                    "published it, and the topic's readers see it")
+    source = f"{h.get(client.H_TOPIC)}[{h.get(client.H_PARTITION)}]@{h.get(client.H_OFFSET)}"
+    return ForeignRecord(where, f"pipeline {owner!r} (window {h.get(client.H_WINDOW_START)}, epoch "
+                                f"{h.get(client.H_EPOCH)}) published source record {source} of this pipeline's topics "
+                                "into the same topic: its readers see that record twice",
+                         h.get(client.H_TOPIC), _int(h.get(client.H_PARTITION)), _int(h.get(client.H_OFFSET)))
 
 
 def _int(text: str | None) -> int | None:

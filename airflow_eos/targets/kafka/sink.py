@@ -28,6 +28,7 @@ from typing import Any
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.sink import Sink
+from airflow_eos.targets.kafka import client
 from airflow_eos.targets.kafka.abort import KafkaAbort
 from airflow_eos.targets.kafka.commit import KafkaCommit
 from airflow_eos.targets.kafka.published import KafkaPublished
@@ -64,3 +65,10 @@ class KafkaSink(KafkaStaging, KafkaCommit, KafkaAbort, KafkaPublished, Sink):
     @property
     def ledger(self) -> Ledger:  # type: ignore[override]
         return Ledger(self.ledger_url)
+
+    def claim_identity(self) -> str:
+        """The topic on its cluster (``kafka-cluster:<cluster id>/<topic>``), not
+        the connection id of ``target_id``: two connections to one cluster name
+        one target. ``target_id`` stays the seed of the transactional ids and
+        marker groups, so that windows in flight keep their fencing."""
+        return client.cluster_identity(self.kafka_config, self.topic)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from airflow_eos.core.client_settings import refuse_inline_secrets
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.target import KAFKA, POSTGRES, ConnectionRef, TargetSpec, kafka_asset_uri
@@ -110,6 +111,7 @@ class KafkaTarget(TargetSpec):
         owned = sorted(set(self.producer_config) & set(OWNED_SETTINGS))
         if owned:
             raise ConfigurationError(f"producer_config may not set {owned}: the Kafka target's commit owns them")
+        refuse_inline_secrets(self.producer_config, f"KafkaTarget(topic={self.topic!r}, producer_config=...)")
 
     def __repr__(self) -> str:
         where = redact(self.ledger_url) if self.ledger_url else f"connection {self.postgres_conn_id!r}"

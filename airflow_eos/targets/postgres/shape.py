@@ -6,12 +6,13 @@ wrong when the table cannot take what the sink stages."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import TargetError
+from airflow_eos.core.sink import ForeignRecord
 from airflow_eos.targets.postgres.names import (
     CHUNK_COLUMN,
     LINEAGE_COLUMNS,
@@ -127,3 +128,37 @@ def published_relation(conn: psycopg.Connection, target: sql.Identifier, table: 
     # composes the relation into queries of its own.
     return sql.SQL("(SELECT {} FROM {} WHERE eos_pipeline = {}::text)").format(
         sql.SQL(", ").join(map(sql.Identifier, selected)), target, sql.Literal(pipeline))
+
+
+def unattributed(conn: psycopg.Connection, target: sql.Identifier, table: str, pipeline: str,
+                 topics: Sequence[str]) -> Iterator[ForeignRecord]:
+    """Sink.unattributed of a table: its rows of other pipelines (or of none)
+    whose lineage names one of ``topics`` (the pipeline's source topics): the
+    same source records published again, from another pipeline id or left
+    over. Rows of other pipelines with other topics are theirs. A table
+    without lineage columns cannot tell: nothing."""
+    from psycopg import sql
+    oid = conn.execute("SELECT to_regclass(%s)::oid", (target.as_string(conn),)).fetchone()[0]
+    names = {r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (oid,))}
+    if oid is None or not all(c in names for c in LINEAGE_COLUMNS):
+        return
+    # values as literals, as in published_relation: a table name may hold a %
+    rows = conn.execute(sql.SQL(
+        "SELECT eos_pipeline, eos_window_start, eos_topic, eos_partition, eos_offset, count(*) FROM {}"
+        " WHERE eos_pipeline IS DISTINCT FROM {}::text AND eos_topic = ANY({}::text[])"
+        " GROUP BY 1, 2, 3, 4, 5 ORDER BY 3, 4, 5, 1, 2").format(target, sql.Literal(pipeline),
+                                                                  sql.Literal(list(topics))))
+    for owner, window_start, topic, partition, offset, n in rows:
+        who = f"pipeline {owner!r}" if owner is not None else "no pipeline (eos_pipeline is null)"
+        yield ForeignRecord(f"table {table}", f"has {n} row(s) of {who} (window {window_start.isoformat() if window_start else None}) for "
+                            f"source record {topic}[{partition}]@{offset} of this pipeline's topics: readers of the "
+                            "table see that record again", topic, partition, offset)
+
+
+def resolved_name(conn: psycopg.Connection, target: sql.Identifier) -> tuple[str, str] | None:
+    """(schema, table) of the table ``target`` names in this session (a name
+    without a schema resolves through the connection's search_path), or None
+    if there is none."""
+    return conn.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                        " WHERE c.oid = to_regclass(%s)", (target.as_string(conn),)).fetchone()

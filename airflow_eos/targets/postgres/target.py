@@ -68,7 +68,8 @@ from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger, WindowState
-from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, Sink, skip_committed
+from airflow_eos.core.sink import (ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, ForeignRecord, Sink,
+                                   skip_committed)
 from airflow_eos.core.target import DEFAULT_CONN_IDS, POSTGRES, ConnectionRef, TargetSpec, uri_part
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.postgres import publish, shape, staging
@@ -251,6 +252,17 @@ class PostgresTarget(TargetSpec, Sink):
         search_path puts it. The database needs no naming: the ledger lives in it."""
         schema, table = parse_table_name(self.table)
         return "postgresql:" + ".".join(quoted_if_needed(part) for part in (schema or "public", table))
+
+    def claim_identity(self) -> str:
+        """The table the name resolves to in the target database, as
+        ``postgresql:schema.table`` (the form of :attr:`target_id`): a name
+        without a schema resolves through the connection's search_path, which
+        may not be ``public``. A table not created yet: :attr:`target_id`."""
+        with self._connection("resolve target table") as conn:
+            found = shape.resolved_name(conn, self._target)
+        if found is None:
+            return self.target_id
+        return "postgresql:" + ".".join(quoted_if_needed(part) for part in found)
 
     def sweeps_unclaimed(self, attempt: Attempt) -> bool:
         """Yes: a pipeline claimed for no target (planned by a version before
@@ -463,3 +475,7 @@ class PostgresTarget(TargetSpec, Sink):
         the table must exist and have the window columns; the lineage columns
         are there if the table has all three."""
         return shape.published_relation(conn, self._target, self.table, self.url, pipeline, columns)
+
+    def unattributed(self, conn: psycopg.Connection, pipeline: str, topics: Sequence[str]) -> Iterator[ForeignRecord]:
+        """The whole table's rows of other pipelines from this pipeline's topics (see shape.unattributed)."""
+        return shape.unattributed(conn, self._target, self.table, pipeline, topics)
