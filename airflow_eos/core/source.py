@@ -1,8 +1,8 @@
 """Reading a Kafka log by offset, trusting only records that were actually read.
 
-Kafka-compatible brokers differ in what their metadata answers say (the embedded
-test broker reports a high watermark far below the real end and answers 0 to every
-``offsets_for_times``).  So the planner uses those answers only as hints: the end
+Kafka-compatible brokers differ in what their metadata answers say (one tried
+before, Tansu, reported a high watermark far below the real end and answered 0 to
+every ``offsets_for_times``).  So the planner uses those answers only as hints: the end
 of a partition is where a fetch reports end-of-partition, and a record's position
 and timestamp are what the fetch returned.
 """
@@ -258,8 +258,8 @@ class KafkaLog:
         # Planning reads single records at scattered offsets: fetch little and
         # prefetch nothing, or every probe pulls megabytes it then throws away.
         # Both fetch limits: a broker may fill a response up to fetch.max.bytes
-        # (50 MB by default) whatever the partition's limit says; the embedded
-        # one does, and a probe into a 1M-record log took 21 ms (11 ms of it
+        # (50 MB by default) whatever the partition's limit says; Tansu
+        # did, and a probe into a 1M-record log took 21 ms (11 ms of it
         # this client's CPU) instead of 1.4 ms. A record bigger than the limits
         # still arrives whole: Kafka returns a partition's first batch regardless.
         config = {"max.partition.fetch.bytes": PROBE_FETCH_BYTES, "message.max.bytes": PROBE_FETCH_BYTES,

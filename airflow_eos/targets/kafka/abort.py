@@ -4,8 +4,8 @@
 The Kafka commit is the decision and the ledger follows it, so before an
 attempt that may have reached Kafka (a prepared one) is aborted, the window is
 *finished* (:meth:`KafkaCommit.finish`): its producers are fenced (which also
-ends a transaction a dead committer left open: the embedded broker never times
-one out, and every ``read_committed`` reader of the partition would stall) and
+ends a transaction a dead committer left open, which otherwise holds every
+``read_committed`` reader of the partition until the broker times it out) and
 its marker read; a transaction that committed is recorded in the ledger, never
 aborted.
 """

@@ -8,9 +8,9 @@ the functions.
 (one consumer group per window that no consumer ever joins): the window's end
 cut for each planned source partition, and the *commit token* as the offset of
 partition 0 of the target topic. Committed offsets of a transaction are
-visible after its commit and absent after its abort, on a real Kafka and on the
-embedded broker alike (which cannot hide aborted records, and drops offset
-metadata: hence the token as an offset value). The token is
+visible after its commit and absent after its abort (on Apache Kafka and on a
+Kafka-compatible broker tried before, which did not hide aborted records and
+dropped offset metadata: hence the token as an offset value). The token is
 ``epoch << 32 | 31 random bits``: it names the attempt whose transaction
 committed and tells apart two transactions of one attempt (a commit crashed in
 the middle, then retried), whose records both carry it as a header.
@@ -165,7 +165,7 @@ def check_topic(kafka_config: Mapping[str, Any], topic: str) -> int:
     admin = AdminClient(_producer_client(kafka_config))
     try:
         # Every topic, not this one: a metadata request naming a missing topic
-        # lets the broker create it (the embedded broker does, with 4 partitions).
+        # lets a broker with auto.create.topics.enable create it.
         metadata = admin.list_topics(timeout=TIMEOUT)
     except KafkaException as exc:
         raise TargetError(f"cannot reach the Kafka cluster of target topic {topic}: {exc.args[0]}") from exc

@@ -54,7 +54,7 @@ class KafkaCommit:
         2. ``init_transactions`` with the window's ``transactional.id``: every
            other producer of the window (a committer that lost its ledger
            connection, a zombie) is fenced, and its open transaction aborted
-           (on the embedded broker the only way such a transaction ends).
+           (at once, not after the broker's transaction timeout).
         3. The window's marker (read only now, when no transaction of the
            window is in flight): present → a transaction of the window
            committed but the ledger was not told (a crash after the Kafka

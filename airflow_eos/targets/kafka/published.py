@@ -3,9 +3,9 @@ that committed transactions of the pipeline published, as a temp table of the
 ledger's connection. A mixin of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`.
 
 The topic is read from its start to the end of every partition (read to
-partition EOF: the embedded broker's high watermark is wrong) with
-``isolation.level=read_committed``. A real Kafka hides the records of aborted
-transactions then; the embedded broker does not, so a record counts only if
+partition EOF, never the high watermark) with
+``isolation.level=read_committed``. Apache Kafka hides the records of aborted
+transactions then; a Kafka-compatible broker may not, so a record counts only if
 its lineage headers name a commit the ledger records (``eos.kafka_commits``:
 the token of the window's committed transaction, which the marker also
 holds). A record of the pipeline that no committed transaction names (an
@@ -120,8 +120,9 @@ class KafkaPublished:
         that no airflow-eos pipeline wrote, or that another pipeline published
         from one of ``topics``. The pipeline's own records are audited by
         :meth:`published_relation`; one of them that no committed transaction
-        names is not reported here: the embedded test broker shows aborted
-        transactions' records to read_committed readers (a real Kafka hides them)."""
+        names is not reported here: Apache Kafka hides aborted transactions'
+        records from read_committed readers, but a Kafka-compatible broker that
+        shows them would make every aborted try of the pipeline foreign."""
         mine = set(topics)
 
         def foreign(h: dict) -> bool:
