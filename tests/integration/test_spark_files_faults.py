@@ -24,6 +24,7 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
 from airflow_eos.spark.submit import error_line, job_error
 from airflow_eos.targets.files import FileTarget
+from airflow_eos.targets.files.identity import ROOT_CLAIM
 from airflow_eos.targets.files.writer import STAGING_DIR
 from airflow_eos.verify import verify
 
@@ -55,7 +56,8 @@ def test_disk_full_in_the_middle_of_staging_fails_clearly_publishes_nothing_and_
     ballast = fill(small_fs, leave=free)  # the window's files need ~1 MB
     plan = planned(pg_url, topic)
     sink = FileTarget(path=root, ledger_url=pg_url).sink()
-    attempt = sink.begin(plan.window)
+    attempt = sink.begin(plan.window)  # the first begin claims the root: _eos_root.json takes some of the space
+    free = shutil.disk_usage(small_fs).free
     staging = os.path.join(root, STAGING_DIR, attempt.staging)
 
     with pytest.raises(StageFailed) as failed:
@@ -74,7 +76,7 @@ def test_disk_full_in_the_middle_of_staging_fails_clearly_publishes_nothing_and_
     assert state == ABORTED and "the disk is full (No space left on device)" in reason, reason
     assert execute(pg_url, "SELECT state FROM eos.windows") == [("planned",)]
     assert published_lineage(spark, root) == []  # nothing published
-    assert os.listdir(root) == [STAGING_DIR] and os.listdir(os.path.join(root, STAGING_DIR)) == []
+    assert sorted(os.listdir(root)) == [ROOT_CLAIM, STAGING_DIR] and os.listdir(os.path.join(root, STAGING_DIR)) == []
     # the failed writes' files are deleted and closed: their space is free again
     assert shutil.disk_usage(small_fs).free == free
 
