@@ -75,18 +75,6 @@ class FileAbort:
         PostgreSQL one staging in ``eos_staging``) is never aborted here."""
         return os.path.isdir(self.staging_dir(attempt))
 
-    def pending_publications(self) -> list[Attempt]:
-        """The committed attempts of this root's decided, unpublished windows
-        (what :meth:`finish_pending`, and so the sweep, publishes), oldest
-        decision first."""
-        with self.ledger.connect() as conn, conn.transaction():
-            rows = conn.execute(
-                "SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table FROM eos.publications p"
-                " JOIN eos.attempts a USING (pipeline, window_start, epoch) JOIN eos.windows w USING (pipeline,"
-                " window_start) WHERE p.target = %s AND p.state = 'decided' ORDER BY p.decided_at",
-                (self.target_id,)).fetchall()
-        return [Attempt(*row) for row in rows]
-
     def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
         """Abort this root's attempts live longer than ``older_than`` (see
         :meth:`Sink.sweep` and :meth:`sweeps_unclaimed`), finish decided

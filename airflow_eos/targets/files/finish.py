@@ -57,20 +57,25 @@ class FileFinish:
                               f"(the pipeline's offsets advanced past it) but its files are not in "
                               f"{self.partition_dir(pending)}. {exc}") from exc
 
-    def finish_pending(self) -> list[Attempt]:
-        """Publish every decided, unpublished window of this root (a commit
-        that died after its decision). Returns those finished; one that cannot
-        be finished now is logged loudly and left for the next commit, its own
-        retry or the sweep."""
+    def pending_publications(self) -> list[Attempt]:
+        """The committed attempts of this root's decided, unpublished windows
+        (what :meth:`finish_pending`, and so the sweep, publishes), oldest
+        decision first."""
         with self.ledger.connect() as conn, conn.transaction():
             rows = conn.execute(
                 "SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table FROM eos.publications p"
                 " JOIN eos.attempts a USING (pipeline, window_start, epoch) JOIN eos.windows w USING (pipeline,"
                 " window_start) WHERE p.target = ANY(%s) AND p.state = 'decided' ORDER BY p.decided_at",
                 (self.target_ids,)).fetchall()
+        return [Attempt(*row) for row in rows]
+
+    def finish_pending(self) -> list[Attempt]:
+        """Publish every decided, unpublished window of this root (a commit
+        that died after its decision). Returns those finished; one that cannot
+        be finished now is logged loudly and left for the next commit, its own
+        retry or the sweep."""
         finished = []
-        for row in rows:
-            pending = Attempt(*row)
+        for pending in self.pending_publications():
             try:
                 how = self.publish(pending)
             except Exception as exc:  # noqa: BLE001 - one stuck window must not stop the others
