@@ -22,6 +22,7 @@ import hashlib
 import logging
 import re
 import secrets
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -107,15 +108,25 @@ def read_marker(kafka_config: Mapping[str, Any], group: str, topic: str,
     """The marker of a committed transaction of the window, or None. Read
     after ``init_transactions``: any transaction of the window still in
     flight has then ended (committed or aborted)."""
-    from confluent_kafka import Consumer, KafkaException
+    from confluent_kafka import Consumer, KafkaError, KafkaException
     from confluent_kafka import TopicPartition as KafkaTP
+    coordinator_moving = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                          KafkaError.COORDINATOR_NOT_AVAILABLE}
     consumer = Consumer({**_client(kafka_config), "group.id": group, "enable.auto.commit": False})
+    wanted = [KafkaTP(topic, 0)] + [KafkaTP(tp.topic, tp.partition) for tp in sources]
+    deadline = time.monotonic() + TIMEOUT
     try:
-        wanted = [KafkaTP(topic, 0)] + [KafkaTP(tp.topic, tp.partition) for tp in sources]
-        found = consumer.committed(wanted, timeout=TIMEOUT)
-    except KafkaException as exc:
-        raise TargetError(f"cannot read the commit marker (consumer group {group}) of topic {topic}: "
-                          f"{exc.args[0]}") from exc
+        while True:
+            try:
+                found = consumer.committed(wanted, timeout=max(deadline - time.monotonic(), 1.0))
+                break
+            except KafkaException as exc:
+                # A group's coordinator moving or loading its offsets partition (a broker just started, a
+                # new group) answers NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS: ask again until the deadline.
+                if exc.args[0].code() not in coordinator_moving or time.monotonic() > deadline:
+                    raise TargetError(f"cannot read the commit marker (consumer group {group}) of topic {topic}: "
+                                      f"{exc.args[0]}") from exc
+                time.sleep(0.2)
     finally:
         consumer.close()
     token = found[0].offset
