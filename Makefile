@@ -4,6 +4,8 @@ PY := .venv/bin/python
 PYTEST_ARGS ?=
 SIZES ?= 10000,100000,1000000
 N ?= 201
+# test workers: each a pytest session with its own PostgreSQL, Kafka broker and Airflow home
+WORKERS ?= 2
 
 .PHONY: help setup demo test test-unit bench chaos
 
@@ -21,7 +23,7 @@ demo: setup
 	.venv/bin/airflow-eos demo
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -2,11 +2,18 @@
 broker per test session (or the external ones named by EOS_POSTGRES_URL and
 EOS_KAFKA_BOOTSTRAP), a fresh database and fresh topics per test, and an Airflow
 home in a temp dir. Every process started here is stopped here.
+
+``make test`` runs the suite in pytest-xdist workers (``-n 2 --dist loadfile``):
+each worker is a session of its own, with its own servers and Airflow home; a
+module runs whole on one worker (the fault suite's module fixtures run all of a
+module's selected cases at once). The slowest modules are handed out first
+(harness.workers), and the workers' chaos tallies are summed here.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -18,6 +25,10 @@ import uuid
 # tests/ on PYTHONPATH (Spark passes it on to its Python workers).
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TESTS, os.environ.get("PYTHONPATH")) if p)
+
+# The randomized schedules' first seed, drawn once per pytest command: xdist's
+# workers inherit it, so they collect the same test ids (``postgres-SEED``).
+os.environ.setdefault("EOS_CHAOS_SEED", str(random.SystemRandom().randrange(1, 10**6)))
 
 # Airflow reads its configuration at import: point it at a throwaway home before
 # anything can import it.
@@ -34,10 +45,50 @@ from confluent_kafka import KafkaError, KafkaException, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from airflow_eos.embedded import kafka_service, postgres_service  # noqa: E402
+from harness import workers  # noqa: E402
+from harness.tally import TALLY  # noqa: E402
+
+# --------------------------------------------------------------------------- the session, its workers, the tally
+
+
+def pytest_configure(config):
+    workers.configure(config)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The slowest modules first (stable: a module's own order stays), so that
+    the xdist workers, which take modules in this order, end together."""
+    items.sort(key=workers.rank)
+
+
+def pytest_runtest_logreport(report):
+    """A failed test of the fault suite is a violation (counted where the test
+    ran: in its worker, or here without xdist)."""
+    if report.failed and "chaos/" in report.nodeid.replace("\\", "/") and not workers.is_controller():
+        TALLY.violations += 1
+        TALLY.failed.append(report.nodeid)
+        workers.log_failure(report)
 
 
 def pytest_sessionfinish(session, exitstatus):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand the tally to the controller
+        workeroutput["chaos_tally"] = TALLY.to_dict()
     shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """An xdist worker ended: add its chaos tally to the session's."""
+    TALLY.merge(getattr(node, "workeroutput", {}).get("chaos_tally") or {})
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    lines = TALLY.lines()
+    if lines:
+        terminalreporter.write_sep("-", "chaos")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 # --------------------------------------------------------------------------- PostgreSQL

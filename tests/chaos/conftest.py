@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -23,6 +21,7 @@ import pytest
 from airflow_eos.core.database import close_idle
 from airflow_eos.core.ledger import Ledger
 from harness import chaos
+from harness.tally import TALLY
 
 HOURS = 6  # windows available in the shared topic
 PER_HOUR = 12  # records per partition and hour
@@ -32,61 +31,9 @@ PARTITIONS = 2
 PARALLEL = int(os.environ.get("EOS_CHAOS_PARALLEL") or 4)
 
 
-@dataclass
-class Tally:
-    scenarios: int = 0
-    schedules: int = 0
-    violations: int = 0
-    records: int = 0
-    rows: int = 0
-    dead_letters: int = 0
-    duplicates: int = 0
-    missing: int = 0
-    extra: int = 0
-    attempts: int = 0
-    runs: int = 0
-    failed: list[str] = field(default_factory=list)
-    seeds: str = ""
-    faults: Counter = field(default_factory=Counter)  # fault point -> firings, over every scenario and schedule
-    targets: Counter = field(default_factory=Counter)  # target -> randomized schedules run
-    sources: Counter = field(default_factory=Counter)  # source topic (ordered, skewed) -> randomized schedules run
-    pg_restarts: Counter = field(default_factory=Counter)  # shutdown mode -> randomized schedules restarting PostgreSQL
-
-    def add(self, verdict: chaos.Verdict, *, schedule: str | None = None, source: str = "ordered",
-            pg_restart: str | None = None) -> None:
-        """Count a scenario's verdict (``schedule``: a randomized schedule's, on that target, reading
-        ``source``, restarting PostgreSQL with ``pg_restart``)."""
-        self.faults.update(verdict.faults_fired)
-        if schedule:
-            self.schedules += 1
-            self.targets[schedule] += 1
-            self.sources[source] += 1
-            if pg_restart:
-                self.pg_restarts[pg_restart] += 1
-        else:
-            self.scenarios += 1
-        t = verdict.report.totals
-        self.records += t.kafka_records or 0
-        self.rows += t.published_rows
-        self.dead_letters += t.dead_letters
-        self.duplicates += t.duplicates or 0
-        self.missing += t.missing or 0
-        self.extra += t.extra or 0
-        self.attempts += verdict.attempts
-        self.runs += verdict.runs
-
-
-TALLY = Tally()
-
-
 @pytest.fixture
 def tally():
     return TALLY
-
-
-# A soak runs for hours and pytest prints failures only at its end: with this
-# set, each failure's report is appended to the file the moment it fails.
-FAILLOG = os.environ.get("EOS_CHAOS_FAILLOG")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -103,38 +50,6 @@ def pytest_collection_modifyitems(session, config, items):
                     key=lambda item: (item.callspec.params["seed"], order[item.callspec.params["target"]]))
     for i, item in zip(slots, ranked):
         items[i] = item
-
-
-def pytest_runtest_logreport(report):
-    if report.failed and "chaos/" in report.nodeid.replace("\\", "/"):
-        TALLY.violations += 1
-        TALLY.failed.append(report.nodeid)
-        if FAILLOG:
-            with open(FAILLOG, "a", encoding="utf-8") as out:
-                out.write(f"==== {report.nodeid} [{report.when}]\n{report.longreprtext}\n")
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if not (TALLY.scenarios or TALLY.schedules or TALLY.violations):
-        return
-    t = TALLY
-    terminalreporter.write_sep("-", "chaos")
-    terminalreporter.write_line(
-        f"chaos: {t.scenarios} scenarios, {t.schedules} randomized schedules{t.seeds}, {t.violations} violations")
-    terminalreporter.write_line(
-        f"chaos: verified {t.records} Kafka records of committed windows = {t.rows} rows published + "
-        f"{t.dead_letters} dead letters; {t.duplicates} duplicates, {t.missing} missing, {t.extra} extra; "
-        f"{t.attempts} attempts in {t.runs} DAG runs")
-    if t.schedules:
-        terminalreporter.write_line("chaos: randomized schedules per target: "
-                                    + ", ".join(f"{k} {v}" for k, v in sorted(t.targets.items()))
-                                    + "; per source topic: " + ", ".join(f"{k} {v}" for k, v in sorted(t.sources.items()))
-                                    + "; PostgreSQL restarted: " + (", ".join(f"{k} {v}" for k, v in
-                                                                              sorted(t.pg_restarts.items())) or "0"))
-    terminalreporter.write_line(f"chaos: {sum(t.faults.values())} faults fired: "
-                                + (", ".join(f"{k} {v}" for k, v in sorted(t.faults.items())) or "none"))
-    for nodeid in t.failed:
-        terminalreporter.write_line(f"chaos: VIOLATION in {nodeid}")
 
 
 @pytest.fixture(autouse=True)

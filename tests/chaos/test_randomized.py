@@ -26,7 +26,7 @@ by seed, each seed on every target in turn (conftest.pytest_collection_modifyite
                     many seeds divided by the number of targets, rounded up, each on
                     every target (default 201: 67 seeds, in every `make test`;
                     `make chaos N=2000`: 667 seeds, 2,001 schedules)
-    EOS_CHAOS_SEED  the first seed (default: random); seed k is seed + k
+    EOS_CHAOS_SEED  the first seed (default: random, drawn by tests/conftest.py); seed k is seed + k
     EOS_CHAOS_PARALLEL  schedules at once (default 4); EOS_CHAOS_AHEAD how many
                     may run ahead of the test that reports them (default 2 x PARALLEL)
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 
 import psycopg
 import pytest
@@ -51,7 +50,7 @@ from harness.chaos import TARGETS, Schedule, delete_topic, run_schedule
 # TARGETS takes its share instead of making every run longer by a third.
 SCHEDULES = int(os.environ.get("EOS_CHAOS_N") or 201)
 N = max(1, math.ceil(SCHEDULES / len(TARGETS)))  # seeds, each run on every target
-BASE = int(os.environ.get("EOS_CHAOS_SEED") or random.SystemRandom().randrange(1, 10**6))
+BASE = int(os.environ["EOS_CHAOS_SEED"])  # drawn once per pytest command by tests/conftest.py
 SEEDS = [BASE + k for k in range(N)]
 # Schedules run in the background, PARALLEL at once, at most AHEAD ahead of
 # the test that reports them (conftest.Rolling): any N runs to the end.

@@ -1,0 +1,70 @@
+"""How ``make test`` spreads the suite over pytest-xdist workers.
+
+``--dist loadfile`` hands whole modules to the workers in collection order, a
+new one to whichever worker is free; the suite ends when the last module does.
+Handing out the slowest modules first (longest processing time first) lets the
+short ones fill the gaps at the end. SLOWEST_FIRST is that order, as measured
+in a fresh-clone run (pytest's ``--junitxml`` times summed per module); a
+module not named comes after them, in the order pytest collected it.
+"""
+
+from __future__ import annotations
+
+import os
+
+SLOWEST_FIRST = (
+    "tests/chaos/test_randomized.py",
+    "tests/e2e/test_live_stack.py",
+    "tests/chaos/test_matrix.py",
+    "tests/chaos/test_spark_faults.py",
+    "tests/e2e/test_ui.py",
+    "tests/e2e/test_standalone_cluster.py",
+    "tests/e2e/test_spark_connect.py",
+    "tests/e2e/test_files_dag.py",
+    "tests/e2e/test_orders_dag.py",
+    "tests/e2e/test_kafka_dag.py",
+    "tests/e2e/test_demo.py",
+    "tests/chaos/test_external_faults.py",
+    "tests/chaos/test_races_and_restarts.py",
+    "tests/integration/test_spark_files_faults.py",
+    "tests/integration/test_spark_stage.py",
+    "tests/integration/test_spark_stage_files.py",
+    "tests/integration/test_spark_stage_kafka.py",
+    "tests/integration/test_spark_source.py",
+    "tests/e2e/test_spark_connect_files.py",
+    "tests/e2e/test_lineage.py",
+    "tests/chaos/test_airflow_faults.py",
+    "tests/chaos/test_files_faults.py",
+    "tests/chaos/test_kafka_faults.py",
+    "tests/chaos/test_rerun_committed.py",
+)
+_RANK = {path: n for n, path in enumerate(SLOWEST_FIRST)}
+
+_controller = False
+
+
+def configure(config) -> None:
+    """Remember whether this process is an xdist controller (it runs no test)."""
+    global _controller
+    _controller = config.pluginmanager.getplugin("dsession") is not None
+
+
+def is_controller() -> bool:
+    return _controller
+
+
+def rank(item) -> int:
+    """An item's module's place in SLOWEST_FIRST (unnamed modules after them)."""
+    return _RANK.get(item.nodeid.split("::", 1)[0], len(SLOWEST_FIRST))
+
+
+# A soak runs for hours and pytest prints failures only at its end: with this
+# set, each failure's report is appended to the file the moment it fails.
+FAILLOG = os.environ.get("EOS_CHAOS_FAILLOG")
+
+
+def log_failure(report) -> None:
+    """Append a failed fault-suite test's report to EOS_CHAOS_FAILLOG, if set."""
+    if FAILLOG:
+        with open(FAILLOG, "a", encoding="utf-8") as out:
+            out.write(f"==== {report.nodeid} [{report.when}]\n{report.longreprtext}\n")
