@@ -192,6 +192,16 @@ KAFKA_LOG4J = """Configuration:
 """
 
 
+def cluster_id(draw=lambda: uuid.uuid4().bytes) -> str:
+    """A new KRaft cluster id: a random UUID in URL-safe base64, drawn again
+    while it starts with "-" (as Kafka's own ``Uuid.randomUuid`` does: the
+    StorageTool would read such an id as an option, one format in 64)."""
+    while True:
+        text = base64.urlsafe_b64encode(draw()).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
 def kafka_home() -> Path:
     """Where scripts/bootstrap.sh put Apache Kafka's jars (``lib/``)."""
     default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "airflow-eos" / f"kafka-{KAFKA_VERSION}"
@@ -253,9 +263,7 @@ class KafkaBroker:
         config = self.dir / "server.properties"
         if not (self.dir / "data" / "meta.properties").exists():
             config = self._write_config()
-            cluster = uuid.uuid4().bytes
-            cluster_id = base64.urlsafe_b64encode(cluster).decode().rstrip("=")
-            res = subprocess.run(self._java("kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id,
+            res = subprocess.run(self._java("kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id(),
                                             "-c", str(config)), capture_output=True, text=True)
             if res.returncode != 0:
                 raise RuntimeError(f"Kafka's StorageTool could not format {self.dir / 'data'}: "
