@@ -7,11 +7,12 @@ N ?= 201
 # test workers: each a pytest session with its own PostgreSQL, Kafka broker and Airflow home
 WORKERS ?= 2
 
-.PHONY: help setup demo test test-unit bench chaos
+.PHONY: help setup demo test test-fast test-unit bench chaos
 
 help:
 	@echo "make demo       install what is needed, then run the example pipeline end to end on embedded services"
 	@echo "make test       install everything needed (apt, .venv, embedded broker) and run the test suite"
+	@echo "make test-fast  the edit-test loop: every test but the slow Spark and live-stack ones (-m 'not slow'), 9 randomized schedules"
 	@echo "make test-unit  only the pure-logic unit tests"
 	@echo "make bench      benchmark windows of SIZES records (default 10000,100000,1000000): bench/results.md"
 	@echo "make chaos      the fault-injection suite with N randomized schedules in all, spread over the targets (N=201; EOS_CHAOS_SEED=S to pick seeds)"
@@ -24,6 +25,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+test-fast: setup
+	EOS_CHAOS_N=$${EOS_CHAOS_N:-9} $(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -156,11 +156,30 @@ def reader(config: dict, purpose: str = "a Kafka consumer"):
                                     else exc), config)
         where = f"{purpose} for bootstrap.servers {config.get('bootstrap.servers')!r}"
         if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError._INVALID_ARG:
+            text += "".join(f"; {name} names {path}, {problem}" for name, path, problem in missing_files(config))
             raise ConfigurationError(
                 f"cannot create {where}: {text}. The client's settings are the Kafka connection's extra "
                 "(librdkafka properties, see librdkafka's CONFIGURATION.md): correct or remove that property "
                 "there") from None
         raise SourceUnavailable(f"cannot create {where}: {text}") from None
+
+
+def missing_files(config: dict) -> list[tuple[str, str, str]]:
+    """(setting, path, problem) for each file a client setting names
+    (``ssl.ca.location``, ``ssl.key.location``, ``sasl.kerberos.keytab``, ...)
+    that this process cannot read: librdkafka's own error names OpenSSL's
+    reason, not the file."""
+    import os
+
+    found = []
+    for name, value in config.items():
+        if not (name.endswith(".location") or name.endswith(".keytab")) or not isinstance(value, str):
+            continue
+        if not os.path.exists(value):
+            found.append((name, value, "which does not exist"))
+        elif not os.access(value, os.R_OK):
+            found.append((name, value, "which this process cannot read"))
+    return found
 
 
 def normalise_topics(topics, pipeline: str = "") -> tuple[str, ...]:

@@ -171,6 +171,39 @@ def test_wrong_kafka_credentials_fail_clearly_without_the_password_and_plan_noth
     chaos.check(h, (0, 1))
 
 
+def test_wrong_tls_settings_fail_clearly_without_the_key_password_and_plan_nothing(
+        pg_url, ledger, kafka, tmp_path, caplog, capfd):
+    """TLS spoken to the broker's plaintext listener: the plan fails naming the
+    broker, the client's reason and what to check; a CA file that does not
+    exist: a terminal error naming the setting. The key's password is nowhere;
+    nothing is frozen for the window; the committed windows verify clean."""
+    p = pipeline(pg_url, kafka.address, source_topic(kafka.address))
+    h = committed(p, tmp_path)
+    before = ledger_state(pg_url, p.name)
+    tls = {**p.kafka_config, "security.protocol": "SSL", "ssl.key.password": PASSWORD,
+           "socket.timeout.ms": 3000}
+    ssl = chaos.Pipeline(p.name, p.url, p.table, tls, p.topics)
+    with pytest.raises(SourceUnavailable) as caught:
+        chaos.plan_step(ssl, ssl.window(2))
+    message = str(caught.value)
+    assert f"Kafka at {kafka.address} did not answer for topic '{p.topics[0]}'" in message, message  # where
+    assert "SSL" in message, message  # what: the client's own reason
+    assert "and the security settings" in message  # what to do
+
+    missing_ca = str(tmp_path / "no-such-ca.pem")
+    bad_ca = chaos.Pipeline(p.name, p.url, p.table, {**tls, "ssl.ca.location": missing_ca}, p.topics)
+    with pytest.raises(ConfigurationError) as caught:
+        chaos.plan_step(bad_ca, bad_ca.window(2))
+    ca_message = str(caught.value)
+    assert ca_message.startswith(f"cannot create Kafka consumer for bootstrap.servers '{kafka.address}': "), ca_message
+    assert "ssl.ca.location" in ca_message and missing_ca in ca_message, ca_message
+    assert caught.value.terminal
+    out, err = capfd.readouterr()
+    no_secret(PASSWORD, message, ca_message, caplog.text, out, err)
+    assert ledger_state(pg_url, p.name) == before
+    chaos.check(h, (0, 1))
+
+
 # --------------------------------------------------------------------------- connection extras
 
 
