@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from airflow_eos.core.client_settings import masked, refuse_inline_secrets, without_secrets
-from airflow_eos.core.errors import ConfigurationError, SourceUnavailable, UnknownTopic
+from airflow_eos.core.errors import ConfigurationError, OffsetsExpired, SourceUnavailable, UnknownTopic
 from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA
 from airflow_eos.core.windows import TopicPartition
@@ -377,7 +377,7 @@ class KafkaLog:
         from confluent_kafka import TopicPartition as KafkaTopicPartition
         consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset)])
         try:
-            idle_polls = 0
+            idle_polls = restarts = 0
             while True:
                 msg = consumer.poll(self.timeout / 10)
                 if msg is None:
@@ -395,6 +395,12 @@ class KafkaLog:
                         yield None, msg.offset()
                         return
                     error = kafka_error(err, str(tp), offset=offset if offset >= 0 else None)
+                    if isinstance(error, OffsetsExpired) and offset == OFFSET_BEGINNING and restarts < 10:
+                        # Retention moved the log start between Kafka's answer to "where does the log
+                        # begin" and the fetch there: the beginning moved, nothing planned was lost.
+                        restarts += 1
+                        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset)])
+                        continue
                     if error is not None:
                         raise error
                     continue  # transient: the idle polls above bound how long

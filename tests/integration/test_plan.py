@@ -825,3 +825,45 @@ def test_apache_kafkas_offsets_for_times_is_used_as_a_hint_and_still_verified_by
     with Counted(kafka_config) as wrong:
         assert first_offset_at_or_after(wrong, tp, t, 0, 5_000) == 3_600
     assert wrong.probes > 2
+
+
+def test_the_log_start_moving_during_a_read_from_the_beginning_is_no_error(kafka_config, topics):
+    """Retention (here delete_records, 1 offset at a time) moves the log start
+    while the planner reads a partition's bounds from the beginning: Kafka then
+    answers OFFSET_OUT_OF_RANGE for the start it had just given. That is the
+    beginning moving, not planned records lost: the read starts again at the
+    new beginning, and every answer is a log start the log really had."""
+    import threading
+
+    from airflow_eos.core.source import KafkaLog
+    from airflow_eos.core.windows import TopicPartition
+
+    topic = topics.create(partitions=1)
+    topics.produce(topic, [(0, ms(T0) + i, b"x") for i in range(400)])
+    tp = TopicPartition(topic, 0)
+    log = KafkaLog(kafka_config)
+    stop = threading.Event()
+    moved = []
+
+    def retention():
+        for start in range(1, 380):
+            if stop.is_set():
+                return
+            for f in topics.admin.delete_records([KTP(topic, 0, start)]).values():
+                f.result(15)
+            moved.append(start)
+
+    deleter = threading.Thread(target=retention)
+    deleter.start()
+    starts = []
+    try:
+        while deleter.is_alive():
+            bounds = log.bounds(tp)
+            starts.append(bounds.log_start)
+            assert bounds.end == 400
+    finally:
+        stop.set()
+        deleter.join()
+        log.close()
+    assert len(moved) == 379 and len(starts) > 20
+    assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] <= 379
