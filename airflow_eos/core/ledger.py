@@ -188,6 +188,16 @@ class Ledger:
             for topic, partition, at, frozen, lower, upper, new_partition in rows
         }
 
+    @staticmethod
+    def durable_commit(conn: psycopg.Connection) -> None:
+        """Make this transaction's COMMIT return only once it is on disk, whatever
+        the server's ``synchronous_commit``: for a decision that an effect
+        outside the database follows (a file target's rename, a Kafka
+        transaction). With ``synchronous_commit=off`` the server acknowledges a
+        commit before writing it, and a crash then loses a decision whose
+        effect already happened."""
+        conn.execute("SET LOCAL synchronous_commit = on")
+
     def lock_pipeline(self, conn: psycopg.Connection, pipeline: str) -> None:
         """Serialise planners of one pipeline: freezing is short, so a row lock
         held for the freezing transaction costs nothing and removes every race."""

@@ -148,12 +148,18 @@ def ledger_template(pg_server):
 
 
 @contextlib.contextmanager
-def scratch_database(server_url: str, *, template: str | None = None):
+def scratch_database(server_url: str, *, template: str | None = None, durable: bool = False):
     """A fresh ledger database (for scenarios that sweep: the sweep is
-    database-wide): a copy of ``template`` (ledger_template), or migrated here."""
+    database-wide): a copy of ``template`` (ledger_template), or migrated here.
+    ``durable``: every commit in it waits for its WAL to be on disk (the test
+    servers run with synchronous_commit=off, whose acknowledged commits a
+    crash loses), set before any connection opens: a session keeps the setting
+    it started with, and the ledger's pool reuses the migration's sessions."""
     name = f"eos_chaos_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        if durable:
+            admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
     base, _, _ = server_url.rpartition("/")
     url = f"{base}/{name}"
     try:

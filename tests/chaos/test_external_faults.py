@@ -152,6 +152,39 @@ def test_database_restarted_inside_the_commit_transaction(mode, target_mode, own
     tally.add(finish(h))
 
 
+def test_a_file_targets_decision_survives_a_crash_on_a_server_that_commits_asynchronously(
+        own_pg, chaos_source, tmp_path, tally):
+    """The file target publishes after its ledger decision, so the decision must
+    be on disk before the rename: a ledger on a server running
+    synchronous_commit=off (a common tuning; the test servers do) would
+    acknowledge the decision, publish, then lose the decision in a crash, and
+    the window would be published with the ledger saying it is not (the N=2000
+    soak on Apache Kafka found it, seed 20270242, files). The decision's own
+    transaction asks for a synchronous commit. Here the WAL writer waits 10 s,
+    so an asynchronous commit is certainly lost by a crash right after it."""
+    name = f"eos_async_{uuid.uuid4().hex[:8]}"
+    sql(own_pg.url, f'CREATE DATABASE "{name}"')
+    url = own_pg.url.rpartition("/")[0] + f"/{name}"
+    assert sql(url, "SHOW synchronous_commit") == [("off",)]
+    Ledger(url).migrate()
+    sql(own_pg.url, "ALTER SYSTEM SET wal_writer_delay = '10s'")
+    sql(own_pg.url, "SELECT pg_reload_conf()")
+    try:
+        p = new_pipeline(url, chaos_source, "async_decision", target="files", root=tmp_path / "lake")
+        h = Harness(p, tmp_path)
+        attempt = staged_and_prepared(p, 0)
+        p.target.decide(attempt)
+        own_pg.restart("immediate")
+        assert sql(url, "SELECT state, committed_epoch FROM eos.windows WHERE pipeline = %s",
+                   p.name) == [("committed", attempt.epoch)]
+        assert p.target.commit(attempt).outcome == ALREADY_COMMITTED  # publishes what was decided
+        h.emitted(0, PUBLISHED)
+        tally.add(finish(h))
+    finally:
+        sql(own_pg.url, "ALTER SYSTEM RESET wal_writer_delay")
+        sql(own_pg.url, "SELECT pg_reload_conf()")
+
+
 def test_committing_backend_terminated_after_publish(make_pipeline, chaos_db, tmp_path, tally):
     p = make_pipeline("terminated")
     h = Harness(p, tmp_path)

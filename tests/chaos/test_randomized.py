@@ -66,12 +66,9 @@ def schedules(request, pg_server, ledger_template, chaos_source, chaos_skewed_so
     def one(target, seed):
         s = Schedule.draw(seed, target=target)
         if s.pg_restart:  # a server of its own to restart, a durable database on it
-            with PostgresServer() as server, scratch_database(server.url) as url:
-                # Durable (the test servers run with synchronous_commit=off, whose acknowledged
-                # commits a crash loses), the ledger's migrations included: a checkpoint.
+            with PostgresServer() as server, scratch_database(server.url, durable=True) as url:
                 with psycopg.connect(server.url, autocommit=True) as admin:
-                    admin.execute(f'ALTER DATABASE "{url.rpartition("/")[2]}" SET synchronous_commit = on')
-                    admin.execute("CHECKPOINT")
+                    admin.execute("CHECKPOINT")  # the ledger's migrations on disk too
                 return play(s, url, restart_postgres=server.restart)
         with scratch_database(pg_server.address, template=ledger_template) as url:
             return play(s, url)

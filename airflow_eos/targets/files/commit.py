@@ -108,6 +108,7 @@ class FileCommit:
         """Step 1 of :meth:`commit`, the decision. Returns the SKIPPED result,
         or (rows replaced, replacing, committed before)."""
         with self.ledger.connect() as conn, conn.transaction():
+            self.ledger.durable_commit(conn)  # the rename follows: the decision must outlive a crash
             status = attempts.load_status(conn, attempt, lock=True)
             if status.state == COMMITTED:
                 replaces = conn.execute(
