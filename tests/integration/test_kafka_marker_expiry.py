@@ -154,11 +154,13 @@ def test_marker_expired_and_records_deleted_refuses_until_a_person_answers(pg_ur
     assert topic_ends(sink) == ends and lineage_in_topic(sink) == Counter()  # committed once: never republished
 
 
-def test_a_committer_killed_mid_produce_leaves_its_intent_and_the_retry_publishes_once(
-        pg_url, ledger, window):
+@pytest.mark.parametrize("point", ["commit.before_publish", "commit.mid_produce"])
+def test_a_committer_killed_inside_its_transaction_leaves_its_intent_and_the_retry_publishes_once(
+        point, pg_url, ledger, window):
     """The process dies inside its transaction (no abort, no word to the
     ledger): its intent stays unsettled. The retry fences the transaction
-    (aborted), finds none of its records in the topic, settles it aborted and
+    (aborted), finds none of its records in the topic (before_publish: it
+    produced none, the read starts at the end), settles it aborted and
     publishes the window once."""
     plan, sink, config = window
     attempt = kafka.stage(sink, plan)
@@ -166,7 +168,7 @@ def test_a_committer_killed_mid_produce_leaves_its_intent_and_the_retry_publishe
             "from airflow_eos.core.target import target_from_dict\n"
             "target_from_dict(json.loads(sys.argv[1])).sink().commit(Attempt.from_dict(json.loads(sys.argv[2])))\n")
     killed = subprocess.run([sys.executable, "-c", code, json.dumps(sink.to_dict()), json.dumps(attempt.to_dict())],
-                            check=False, env={**os.environ, "EOS_FAULTS": "commit.mid_produce=crash"},
+                            check=False, env={**os.environ, "EOS_FAULTS": f"{point}=crash"},
                             capture_output=True, text=True, timeout=300)
     assert killed.returncode == 137, killed.stderr[-3000:]
     [(_, first, _, resolution, _)] = intents(pg_url)

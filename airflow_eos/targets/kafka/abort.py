@@ -82,7 +82,7 @@ class KafkaAbort:
         with self.ledger.connect() as conn:
             pending = pending_intents(conn, self.target_id, attempt.window)
         try:
-            return any(i.epoch == attempt.epoch and self._judge(i).outcome == COMMITTED for i in pending)
-        except EosError as exc:  # a transaction still open holds the topic: the sweep itself fences it first
+            return any(i.epoch == attempt.epoch and self._judge(i, wait=0).outcome == COMMITTED for i in pending)
+        except EosError as exc:  # e.g. a transaction left open holds the topic: the sweep itself fences it first
             log.info("%s: its commit intent cannot be settled without fencing the window (%s)", attempt, exc)
             return False

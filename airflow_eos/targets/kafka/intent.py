@@ -227,21 +227,22 @@ class KafkaIntents:
             raise CommitOutcomeUnknown(self._unknown(window, intent, verdict))
         return None
 
-    def _judge(self, intent: Intent) -> Verdict:
+    def _judge(self, intent: Intent, *, wait: float = STABLE_WAIT) -> Verdict:
         """:func:`judge` with what the topic holds now. Call after the window's
-        producers were fenced (``init_transactions``)."""
+        producers were fenced (``init_transactions``); ``wait``: how long for
+        the transactions open on the topic to end (see :meth:`_settled_bounds`)."""
         if intent.resolution == COMMITTED:
             return Verdict(COMMITTED, f"answered: {intent.resolved_how}")
         if intent.records == 0:
             return judge(intent, {}, compacted=False, found=False)
-        bounds = self._settled_bounds()
+        bounds = self._settled_bounds(wait)
         token, pipeline = str(intent.token), intent.pipeline
         found = self.read_topic(lambda h: h.get(client.H_COMMIT) == token and h.get(client.H_PIPELINE) == pipeline,
                                 timeout=SCAN_TIMEOUT, start=scan_starts(intent, bounds))
         compacted = not found and client.is_compacted(self.kafka_config, self.topic)
         return judge(intent, bounds, compacted=compacted, found=bool(found))
 
-    def _settled_bounds(self) -> dict[int, PartitionBounds]:
+    def _settled_bounds(self, wait: float) -> dict[int, PartitionBounds]:
         """The topic's partitions once every transaction open on it when this
         was called has ended (the last stable offset has reached that moment's
         end): a read_committed reader then reaches past every record of the
@@ -249,7 +250,7 @@ class KafkaIntents:
         transactions hold it for their commit's time at most."""
         partitions = client.check_topic(self.kafka_config, self.topic)
         first = client.partition_bounds(self.kafka_config, self.topic, partitions)
-        deadline = time.monotonic() + STABLE_WAIT
+        deadline = time.monotonic() + wait
         now = first
         while any(now[p].stable < b.end for p, b in first.items()):
             if time.monotonic() > deadline:
@@ -257,7 +258,7 @@ class KafkaIntents:
                                  if now[p].stable < b.end)
                 raise TargetError(f"cannot settle a commit intent of topic {self.topic} now: a transaction open on "
                                   f"it holds read_committed readers (partitions {held}) for longer than "
-                                  f"{STABLE_WAIT:.0f}s; a retry reads again")
+                                  f"{wait:.0f}s; a retry reads again")
             time.sleep(0.5)
             now = client.partition_bounds(self.kafka_config, self.topic, partitions)
         return now
