@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -211,7 +212,9 @@ class KafkaIntents:
         """The marker is absent: settle the window's pending intents. Returns a
         marker for the one whose transaction committed (the caller records it
         as from the window's marker), or None when all aborted; raises
-        CommitOutcomeUnknown when one cannot be told."""
+        CommitOutcomeUnknown when one cannot be told and none committed (one
+        that committed settles the others: a window commits once)."""
+        unknown = None
         for intent in pending_intents(conn, self.target_id, window):
             verdict = self._judge(intent)
             log.info("window %s: commit intent %d of attempt %d: %s (%s)", window, intent.token, intent.epoch,
@@ -223,8 +226,10 @@ class KafkaIntents:
                 return Marker(intent.token, {})
             if verdict.outcome == ABORTED:
                 resolve_aborted(self.ledger_url, self.target_id, window, intent.token, verdict.why)
-                continue
-            raise CommitOutcomeUnknown(self._unknown(window, intent, verdict))
+            else:
+                unknown = unknown or (intent, verdict)
+        if unknown is not None:
+            raise CommitOutcomeUnknown(self._unknown(window, *unknown))
         return None
 
     def _judge(self, intent: Intent, *, wait: float = STABLE_WAIT) -> Verdict:
@@ -232,7 +237,7 @@ class KafkaIntents:
         producers were fenced (``init_transactions``); ``wait``: how long for
         the transactions open on the topic to end (see :meth:`_settled_bounds`)."""
         if intent.resolution == COMMITTED:
-            return Verdict(COMMITTED, f"answered: {intent.resolved_how}")
+            return Verdict(COMMITTED, intent.resolved_how or "answered by a person")
         if intent.records == 0:
             return judge(intent, {}, compacted=False, found=False)
         bounds = self._settled_bounds(wait)
@@ -265,7 +270,8 @@ class KafkaIntents:
 
     def _unknown(self, window: Window, intent: Intent, verdict: Verdict) -> str:
         start = to_utc(window.start).isoformat()
-        resolve = f"airflow-eos resolve --pipeline {window.pipeline} --window-start {start} --token {intent.token}"
+        resolve = (f"airflow-eos resolve --pipeline {shlex.quote(window.pipeline)} --window-start {start} "
+                   f"--token {intent.token}")
         return (f"window {window}: cannot tell whether the Kafka transaction of attempt {intent.epoch} committed "
                 f"(commit token {intent.token}, transactional.id {intent.transactional_id}, begun at "
                 f"{intent.created_at}): its commit died before the ledger heard of the outcome, the window's marker "
