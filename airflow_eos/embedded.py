@@ -207,6 +207,17 @@ def kafka_classpath() -> str:
     return f"{lib}/*"
 
 
+def new_cluster_id() -> str:
+    """A random cluster id as Kafka makes one (``Uuid.randomUuid``): 22 URL-safe
+    base64 characters, never starting with "-". One starting with it (1 in 64)
+    is read by StorageTool's argument parser as an option ("argument
+    --cluster-id/-t: expected one argument"), and the broker does not start."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class KafkaBroker:
     """Apache Kafka, one node in KRaft mode (broker and controller in one JVM), on
     127.0.0.1 and free ports. Its log directory lives until the broker is
@@ -257,8 +268,7 @@ class KafkaBroker:
         config = self.dir / "server.properties"
         if not (self.dir / "data" / "meta.properties").exists():
             config = self._write_config()
-            cluster = uuid.uuid4().bytes
-            cluster_id = base64.urlsafe_b64encode(cluster).decode().rstrip("=")
+            cluster_id = new_cluster_id()
             res = subprocess.run(self._java("kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id,
                                             "-c", str(config)), capture_output=True, text=True)
             if res.returncode != 0:
