@@ -91,6 +91,15 @@ def topic_ends(sink):
     return {p: b.end for p, b in kclient.partition_bounds(sink.kafka_config, sink.topic, 3).items()}
 
 
+def delete_records(config, topic, ends):
+    """Kafka's delete_records up to ``ends``, by an admin client that does not
+    outlive this call (one held by a test's frame, which a caught exception's
+    traceback keeps alive, would retry the module's broker after it stopped)."""
+    admin = AdminClient(config)
+    for f in admin.delete_records([KafkaTP(topic, p, o) for p, o in ends.items()]).values():
+        f.result(timeout=30)
+
+
 def verify_clean(ledger, config, sink):
     from airflow_eos.verify import verify
     report = verify(ledger, config, sink, PIPELINE)
@@ -122,9 +131,7 @@ def test_marker_expired_and_records_deleted_refuses_until_a_person_answers(pg_ur
     attempt = crash_after_kafka_commit(sink, plan, monkeypatch)
     [(_, token, *_)] = intents(pg_url)
     ends = topic_ends(sink)
-    admin = AdminClient(config)
-    for f in admin.delete_records([KafkaTP(sink.topic, p, o) for p, o in ends.items()]).values():
-        f.result(timeout=30)
+    delete_records(config, sink.topic, ends)
     wait_for_marker_expiry(sink, plan)
 
     for finish in (lambda: sink.commit(attempt), lambda: sink.abort_window(plan.window, "commit failed")):
