@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,7 +226,10 @@ class KafkaBroker:
     the tests run on this broker so that what they prove holds on Kafka itself.
     """
 
-    def __init__(self, heap: str = "768m") -> None:
+    def __init__(self, heap: str = "768m", settings: Mapping[str, str] | None = None) -> None:
+        """``settings``: server properties over :data:`KAFKA_SETTINGS` (a test's
+        broker with, e.g., a short ``offsets.retention.minutes``)."""
+        self.settings = dict(settings or {})
         self.port = free_port()
         self.controller_port = free_port()
         while self.controller_port == self.port:
@@ -244,6 +247,7 @@ class KafkaBroker:
     def _write_config(self) -> Path:
         settings = {
             **KAFKA_SETTINGS,
+            **self.settings,
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",

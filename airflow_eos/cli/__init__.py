@@ -1,5 +1,5 @@
 """``airflow-eos``: look at a pipeline's ledger, audit it against Kafka, sweep zombies,
-release a pipeline's claim.
+release a pipeline's claim, answer for a Kafka commit nobody can settle.
 
 Connections are raw URLs (``--postgres-url``, ``--kafka-bootstrap``,
 ``--kafka-config``: the CLI then runs without Airflow) or Airflow connection ids
@@ -28,6 +28,7 @@ from confluent_kafka import KafkaException
 
 from airflow_eos.cli.connections import OK, USAGE, VIOLATIONS, UsageError, connection_options, redacted
 from airflow_eos.cli.output import output_option
+from airflow_eos.cli.resolve import cmd_resolve
 from airflow_eos.cli.status import cmd_release, cmd_status
 from airflow_eos.cli.sweep import cmd_sweep
 from airflow_eos.cli.verify import cmd_verify
@@ -146,6 +147,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "their topics. Release only after the old DAG is gone or changed, or it claims again first.")
     release.add_argument("--pipeline", required=True, help="the pipeline id")
     release.set_defaults(run=cmd_release)
+
+    settle = sub.add_parser(
+        "resolve", parents=[postgres_only], epilog=EXIT_CODES,
+        help="answer for a Kafka-target commit nobody can settle any more",
+        description="A Kafka-target commit that died after its Kafka transaction began, whose window's marker "
+                    "(consumer-group offsets) Kafka has since expired and whose records in the topic were "
+                    "deleted, cannot be settled: its next commit, teardown or sweep refuses, printing this "
+                    "command with the window and the commit token. Tell the ledger what the topic's readers "
+                    "received: --committed (records with that eos-commit header were delivered; the window is "
+                    "then recorded as committed, not published again) or --aborted (they were not; the next "
+                    "commit publishes the window). A wrong answer loses or duplicates the window.")
+    settle.add_argument("--pipeline", required=True, help="the pipeline id")
+    settle.add_argument("--window-start", required=True, metavar="TIMESTAMP",
+                        help="the window's start, ISO 8601 with its zone, as the error prints it")
+    settle.add_argument("--token", required=True, type=int, help="the commit token the error names")
+    answer = settle.add_mutually_exclusive_group(required=True)
+    answer.add_argument("--committed", action="store_true", help="the transaction committed")
+    answer.add_argument("--aborted", action="store_true", help="the transaction aborted")
+    settle.set_defaults(run=cmd_resolve)
 
     demo = sub.add_parser(
         "demo", help="run the example pipeline end to end on embedded services (what `make demo` runs)",

@@ -144,3 +144,14 @@ class TargetError(EosError):
     """The target table cannot take the staged rows: it is missing, a column has
     another type, a key has no unique index. The staging is kept for inspection
     until the attempt is aborted."""
+
+
+class CommitOutcomeUnknown(TargetError):
+    """A commit died after its transaction reached the target, and the target
+    can no longer tell whether that transaction committed (what recorded it
+    expired, the records that would prove it were deleted). Publishing again
+    could duplicate the window, recording it could lose it: terminal, nothing
+    is published until a person tells the ledger the answer (the message says
+    how)."""
+
+    terminal = True

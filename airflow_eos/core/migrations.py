@@ -387,6 +387,35 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX pipelines_target_place ON eos.pipelines (target_place) WHERE target_place IS NOT NULL;
         """,
     ),
+    (
+        12,
+        """
+        -- The Kafka target's commit intents: written on a connection of their own
+        -- (autocommit) before a window's Kafka transaction begins, so that a commit
+        -- that died after it can be told apart from one that never committed when
+        -- the window's marker (consumer-group offsets) expired. topic_ends: the
+        -- target topic's end offset per partition then ({"0": 17, ...}): every
+        -- record of the transaction lies at or after it. resolution: null while
+        -- nobody knows (see targets/kafka/intent.py). No foreign key: the commit's
+        -- own transaction holds the attempt row FOR UPDATE while this is written.
+        CREATE TABLE eos.kafka_intents (
+            pipeline          text        NOT NULL,
+            window_start      timestamptz NOT NULL,
+            target            text        NOT NULL,
+            epoch             integer     NOT NULL,
+            token             bigint      NOT NULL,
+            transactional_id  text        NOT NULL,
+            marker_group      text        NOT NULL,
+            topic_ends        jsonb       NOT NULL,
+            records           bigint      NOT NULL,
+            created_at        timestamptz NOT NULL DEFAULT now(),
+            resolution        text        CHECK (resolution IN ('committed', 'aborted')),
+            resolved_how      text,
+            resolved_at       timestamptz,
+            PRIMARY KEY (pipeline, window_start, token)
+        );
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

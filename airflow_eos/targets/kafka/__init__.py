@@ -6,6 +6,7 @@ DAG file builds a KafkaTarget at parse time. The sink (``KafkaSink``) lives in
 :mod:`airflow_eos.targets.kafka.sink`, assembled from ``staging.py`` (begin,
 the writer, counts: the PostgreSQL staging table of the PostgreSQL target),
 ``commit.py`` (the Kafka transaction, the marker and the ledger),
+``intent.py`` (commit intents: the outcome told without an expired marker),
 ``abort.py`` (abort, teardown, sweep) and ``published.py`` (what verify reads);
 ``client.py`` holds the Kafka names and clients (transactional.id, marker
 group, topic check, marker read).

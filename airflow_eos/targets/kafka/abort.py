@@ -16,9 +16,11 @@ import logging
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import PREPARED, Attempt
+from airflow_eos.core.errors import EosError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.kafka import client
+from airflow_eos.targets.kafka.intent import COMMITTED, pending_intents
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,10 @@ class KafkaAbort:
     def sweep_finishes(self, attempt: Attempt) -> bool:
         """Would the sweep record this stale attempt as committed? Yes if it is
         prepared (its commit may have reached Kafka) and the window's marker
-        names its epoch. Read without fencing the window's producers (a dry
-        run changes nothing): a transaction still in flight is not seen."""
+        names its epoch (or, the marker gone, the window's commit intent of
+        its epoch is found in the topic). Read without fencing the window's
+        producers (a dry run changes nothing): a transaction still in flight
+        is not seen."""
         with self.ledger.connect() as conn, conn.transaction():
             row = conn.execute("SELECT state FROM eos.attempts WHERE pipeline = %s AND window_start = %s"
                                " AND epoch = %s", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
@@ -72,4 +76,13 @@ class KafkaAbort:
             return False
         ends = {r.tp: r.end_offset for r in plan.ranges}
         marker = client.read_marker(self.kafka_config, self.marker_group(attempt), self.topic, ends)
-        return marker is not None and marker.epoch == attempt.epoch
+        if marker is not None:
+            return marker.epoch == attempt.epoch
+        # no marker (expired?): what settling the window's intents would find
+        with self.ledger.connect() as conn:
+            pending = pending_intents(conn, self.target_id, attempt.window)
+        try:
+            return any(i.epoch == attempt.epoch and self._judge(i, wait=0).outcome == COMMITTED for i in pending)
+        except EosError as exc:  # e.g. a transaction left open holds the topic: the sweep itself fences it first
+            log.info("%s: its commit intent cannot be settled without fencing the window (%s)", attempt, exc)
+            return False

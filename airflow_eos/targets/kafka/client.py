@@ -214,3 +214,64 @@ def producer(kafka_config: Mapping[str, Any], tx_id: str, extra: Mapping[str, An
               "transactional.id": tx_id, "enable.idempotence": True, "acks": "all",
               "allow.auto.create.topics": False}
     return Producer(config)
+
+
+@dataclass(frozen=True)
+class PartitionBounds:
+    """One partition of a topic as the broker reports it: where its log starts
+    (retention or ``delete_records`` moved it past what was deleted), its end
+    (the high watermark: what a read_uncommitted reader reaches) and its last
+    stable offset (what a read_committed reader reaches: an open transaction
+    holds it at that transaction's first record)."""
+
+    log_start: int
+    end: int
+    stable: int
+
+
+def partition_bounds(kafka_config: Mapping[str, Any], topic: str, partitions: int) -> dict[int, PartitionBounds]:
+    """The bounds of every partition of ``topic``, from ``ListOffsets``. Used
+    only where an understated answer is safe: an end read too low makes a
+    later scan start earlier (it reads more), never skip a record."""
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient(_producer_client(kafka_config))
+    starts = _list_offsets(admin, topic, partitions, latest=False, committed=False)
+    ends = _list_offsets(admin, topic, partitions, latest=True, committed=False)
+    stable = _list_offsets(admin, topic, partitions, latest=True, committed=True)
+    return {p: PartitionBounds(starts[p], ends[p], stable[p]) for p in range(partitions)}
+
+
+def partition_ends(kafka_config: Mapping[str, Any], topic: str, partitions: int) -> dict[int, int]:
+    """The end (high watermark) of every partition of ``topic``: one request."""
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient(_producer_client(kafka_config))
+    return _list_offsets(admin, topic, partitions, latest=True, committed=False)
+
+
+def _list_offsets(admin, topic: str, partitions: int, *, latest: bool, committed: bool) -> dict[int, int]:
+    from confluent_kafka import IsolationLevel, KafkaException
+    from confluent_kafka import TopicPartition as KafkaTP
+    from confluent_kafka.admin import OffsetSpec
+    spec = OffsetSpec.latest() if latest else OffsetSpec.earliest()
+    isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    try:
+        futures = admin.list_offsets({KafkaTP(topic, p): spec for p in range(partitions)},
+                                     isolation_level=isolation, request_timeout=TIMEOUT)
+        return {tp.partition: f.result().offset for tp, f in futures.items()}
+    except KafkaException as exc:
+        raise TargetError(f"cannot read the offsets of target topic {topic}: {exc.args[0]}") from exc
+
+
+def is_compacted(kafka_config: Mapping[str, Any], topic: str) -> bool:
+    """Does the topic's ``cleanup.policy`` include ``compact``? The log cleaner
+    may then remove a record without moving the log start."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+    admin = AdminClient(_producer_client(kafka_config))
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        configs = admin.describe_configs([resource], request_timeout=TIMEOUT)[resource].result()
+    except KafkaException as exc:
+        raise TargetError(f"cannot read the configuration of target topic {topic}: {exc.args[0]}") from exc
+    policy = configs.get("cleanup.policy")
+    return policy is not None and "compact" in (policy.value or "")

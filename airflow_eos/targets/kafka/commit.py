@@ -26,6 +26,7 @@ from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED, CommitR
 from airflow_eos.core.windows import TopicPartition, Window, to_utc
 from airflow_eos.targets.kafka import client
 from airflow_eos.targets.kafka.client import Marker
+from airflow_eos.targets.kafka.intent import KafkaIntents, resolve_aborted, resolve_committed
 from airflow_eos.targets.postgres.names import CHUNK_COLUMN, staging_ids
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 FETCH_ROWS = 10_000
 
 
-class KafkaCommit:
+class KafkaCommit(KafkaIntents):
     """commit and the ledger's side of it, of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`."""
 
     def transactional_id(self, window: Window | Attempt) -> str:
@@ -59,9 +60,13 @@ class KafkaCommit:
            window is in flight): present → a transaction of the window
            committed but the ledger was not told (a crash after the Kafka
            commit); the ledger records it (ALREADY_COMMITTED if it was this
-           attempt's, else SKIPPED).
+           attempt's, else SKIPPED). Absent (Kafka may have expired it) → the
+           window's unsettled commit intents are settled from the topic
+           (:mod:`~airflow_eos.targets.kafka.intent`): one that committed is
+           recorded as from the marker; one nobody can tell stops the commit.
         4. Else: the attempt must be prepared and current, its staging as
-           checkpointed; one transaction produces the checkpointed rows (key,
+           checkpointed; its intent is written (autocommitted), then one
+           transaction produces the checkpointed rows (key,
            value, headers, lineage headers with the commit token), sends the
            marker offsets, commits. A record too large, the topic missing, a
            fenced producer: the transaction is aborted, nothing is published,
@@ -78,10 +83,12 @@ class KafkaCommit:
                 return self._skip(conn, attempt, status, started)
             plan = self.ledger.load_plan(conn, attempt.window)
             ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
-            client.check_topic(self.kafka_config, self.topic)
+            partitions = client.check_topic(self.kafka_config, self.topic)
             failures: list[tuple] = []
             producer = self._init_producer(attempt, failures)
             marker = client.read_marker(self.kafka_config, self.marker_group(attempt), self.topic, ends)
+            if marker is None:
+                marker = self._settle_intents(conn, attempt.window)
             if marker is not None:
                 committed = self._record_marker(conn, attempt.window, marker)
                 log.info("%s: the window's transaction committed in Kafka by attempt %d (commit %d); the ledger is "
@@ -98,6 +105,7 @@ class KafkaCommit:
                                   "nothing published, stage the window again:\n  " + "\n  ".join(problems),
                                   missing=problems)
             token = client.new_token(attempt.epoch)
+            self._open_intent(attempt, token, checkpoint.row_count, partitions)
             produced = self._produce(conn, producer, failures, attempt, token, [c.chunk for c in checkpoint.chunks],
                                      ends)
             fault_point("commit.after_kafka_commit")
@@ -141,6 +149,7 @@ class KafkaCommit:
         else:
             log.warning("%s: its staging is gone; its dead letters cannot be recorded", attempt)
         attempts.mark_committed(conn, attempt, rows, dead)
+        resolve_committed(conn, self.target_id, attempt, token)
         conn.execute(
             "INSERT INTO eos.kafka_commits (pipeline, window_start, target, epoch, token, transactional_id,"
             " marker_group, records) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
@@ -169,7 +178,8 @@ class KafkaCommit:
         """Tell the ledger of a transaction of the window that committed in
         Kafka after which the commit died (the abort task and the sweep call
         this before aborting): fences the window's producers, reads the
-        marker. Returns the attempt recorded as committed, or None."""
+        marker, or without it settles the window's commit intents. Returns
+        the attempt recorded as committed, or None."""
         with self.ledger.connect() as conn, conn.transaction():
             return self.finish_locked(conn, window)
 
@@ -184,7 +194,8 @@ class KafkaCommit:
         ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
         producer = self._init_producer(window)
         del producer
-        marker = client.read_marker(self.kafka_config, self.marker_group(window), self.topic, ends)
+        marker = client.read_marker(self.kafka_config, self.marker_group(window), self.topic, ends) \
+            or self._settle_intents(conn, window)
         if marker is None:
             return None
         committed = self._record_marker(conn, window, marker)
@@ -283,14 +294,14 @@ class KafkaCommit:
             finally:
                 consumer.close()
         except BaseException:
-            self._abort_transaction(producer, attempt)
+            self._abort_transaction(producer, attempt, token)
             raise
         try:
             producer.commit_transaction(client.TIMEOUT)
         except KafkaException as exc:
             error = exc.args[0]
             if error.txn_requires_abort():
-                self._abort_transaction(producer, attempt)
+                self._abort_transaction(producer, attempt, token)
             raise TargetError(f"the transaction of {attempt} into topic {self.topic} did not commit: {error.str()} "
                               "(fenced by another committer of the window, or the broker refused it); a retry tells "
                               "from the window's marker whether it committed") from exc
@@ -337,12 +348,18 @@ class KafkaCommit:
                 raise TargetError(f"cannot publish the record of {source} into topic {self.topic}: "
                                   f"{error.str()}") from exc
 
-    @staticmethod
-    def _abort_transaction(producer, attempt: Attempt) -> None:
+    def _abort_transaction(self, producer, attempt: Attempt, token: int) -> None:
+        """Abort the transaction; once Kafka confirmed it, its intent is
+        settled (aborted) at once, sparing the next commit a read of the topic."""
         try:
             producer.abort_transaction(client.TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - the next init_transactions of the window aborts it anyway
             log.warning("%s: could not abort its Kafka transaction (%s); the next commit, abort or sweep of the "
                         "window aborts it", attempt, exc)
+            return
+        try:
+            resolve_aborted(self.ledger_url, self.target_id, attempt.window, token, "aborted by its committer")
+        except Exception as exc:  # noqa: BLE001 - left unresolved, the next commit settles it from the topic
+            log.warning("%s: its transaction aborted, but the ledger could not be told (%s)", attempt, exc)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.errors import TargetError
@@ -46,20 +46,28 @@ class KafkaPublished:
                 or (headers.get(client.H_WINDOW_START), int(headers.get(client.H_COMMIT, 0))) in committed_only)
         return self.read_topic(keep, timeout=timeout)
 
-    def read_topic(self, keep: Callable[[dict], bool], *, timeout: float = 60.0) -> list[dict]:
+    def read_topic(self, keep: Callable[[dict], bool], *, timeout: float = 60.0,
+                   start: Mapping[int, int] | None = None) -> list[dict]:
         """Every record of the whole topic, read with ``isolation.level=read_committed``
         as its readers read it, whose headers ``keep`` accepts (the lineage
-        headers as text), as dicts of its headers, key, value, partition and offset."""
+        headers as text), as dicts of its headers, key, value, partition and offset.
+        ``start``: from these offsets of these partitions only (a commit intent's
+        scan); an offset the log no longer holds is then an error, not a jump
+        to the end of the partition."""
         from confluent_kafka import Consumer, KafkaError
         from confluent_kafka import TopicPartition as KafkaTP
-        partitions = client.check_topic(self.kafka_config, self.topic)
+        if start is None:
+            start = dict.fromkeys(range(client.check_topic(self.kafka_config, self.topic)), 0)
+            reset = {}
+        else:
+            reset = {"auto.offset.reset": "error"}
         consumer = Consumer({**client._client(self.kafka_config), "group.id": f"eos-verify-{secrets.token_hex(6)}",
                              "enable.auto.commit": False, "enable.partition.eof": True,
-                             "isolation.level": "read_committed", "fetch.wait.max.ms": 10})
+                             "isolation.level": "read_committed", "fetch.wait.max.ms": 10, **reset})
         found = []
         try:
-            consumer.assign([KafkaTP(self.topic, p, 0) for p in range(partitions)])
-            pending = set(range(partitions))
+            consumer.assign([KafkaTP(self.topic, p, o) for p, o in start.items()])
+            pending = set(start)
             deadline = time.monotonic() + timeout
             while pending:
                 if time.monotonic() > deadline:
