@@ -498,3 +498,15 @@ def test_verify_reports_a_foreign_writers_record_and_accepts_disjoint_pipelines(
     assert not report.clean and "no airflow-eos lineage headers" in foreign.message
     assert f"topic {target_topic} partition 2" in foreign.message
     assert seen_lineage(sink, pg_url) == lineage(plan)  # the pipeline's own records are still each there once
+
+
+def test_reading_the_whole_topic_starts_where_retention_left_each_log(sink, target_topic, topics):
+    """verify reads the target topic from each partition's log start: after
+    retention (here delete_records) moved it past offset 0, the records still
+    there are read, not skipped by a jump to the partition's end."""
+    topics.produce(target_topic, [(p, 0, f"{p}-{i}".encode()) for p in range(3) for i in range(5)])
+    for f in topics.admin.delete_records([KafkaTP(target_topic, 0, 3)]).values():
+        f.result(15)
+    read = sink.read_topic(lambda headers: True)
+    assert sorted((r["partition"], r["offset"]) for r in read) == (
+        [(0, 3), (0, 4)] + [(p, i) for p in (1, 2) for i in range(5)])

@@ -54,11 +54,13 @@ class KafkaPublished:
         ``start``: from these offsets of these partitions only (a commit intent's
         scan); an offset the log no longer holds is then an error, not a jump
         to the end of the partition."""
-        from confluent_kafka import Consumer, KafkaError
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
         from confluent_kafka import TopicPartition as KafkaTP
         if start is None:
-            start = dict.fromkeys(range(client.check_topic(self.kafka_config, self.topic)), 0)
-            reset = {}
+            # from each log's start, wherever retention has moved it (offset 0 out of range would
+            # send the consumer to the partition's end: everything reported missing)
+            start = dict.fromkeys(range(client.check_topic(self.kafka_config, self.topic)), OFFSET_BEGINNING)
+            reset = {"auto.offset.reset": "earliest"}
         else:
             reset = {"auto.offset.reset": "error"}
         consumer = Consumer({**client._client(self.kafka_config), "group.id": f"eos-verify-{secrets.token_hex(6)}",
