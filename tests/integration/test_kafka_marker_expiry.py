@@ -22,7 +22,7 @@ import pytest
 import test_sink_kafka as kafka
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
-from conftest import TopicFactory
+from harness.topics import TopicFactory
 
 from airflow_eos.cli import main
 from airflow_eos.core.errors import CommitOutcomeUnknown

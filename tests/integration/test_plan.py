@@ -832,22 +832,23 @@ def test_the_log_start_moving_during_a_read_from_the_beginning_is_no_error(kafka
     while the planner reads a partition's bounds from the beginning: Kafka then
     answers OFFSET_OUT_OF_RANGE for the start it had just given. That is the
     beginning moving, not planned records lost: the read starts again at the
-    new beginning, and every answer is a log start the log really had."""
+    new beginning, and every answer is a log start the log really had. (Before
+    the fix this failed within the first few dozen reads.)"""
     import threading
 
     from airflow_eos.core.source import KafkaLog
     from airflow_eos.core.windows import TopicPartition
 
     topic = topics.create(partitions=1)
-    topics.produce(topic, [(0, ms(T0) + i, b"x") for i in range(400)])
+    topics.produce(topic, [(0, ms(T0) + i, b"x") for i in range(1000)])
     tp = TopicPartition(topic, 0)
     log = KafkaLog(kafka_config)
-    stop = threading.Event()
+    reads_done = threading.Event()
     moved = []
 
-    def retention():
-        for start in range(1, 380):
-            if stop.is_set():
+    def retention():  # moves the log start for as long as the reads go on
+        for start in range(1, 1000):
+            if reads_done.is_set():
                 return
             for f in topics.admin.delete_records([KTP(topic, 0, start)]).values():
                 f.result(15)
@@ -857,13 +858,13 @@ def test_the_log_start_moving_during_a_read_from_the_beginning_is_no_error(kafka
     deleter.start()
     starts = []
     try:
-        while deleter.is_alive():
+        for _ in range(100):
             bounds = log.bounds(tp)
             starts.append(bounds.log_start)
-            assert bounds.end == 400
+            assert bounds.end == 1000
     finally:
-        stop.set()
+        reads_done.set()
         deleter.join()
         log.close()
-    assert len(moved) == 379 and len(starts) > 20
-    assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] <= 379
+    assert starts == sorted(starts) and starts[-1] <= moved[-1]
+    assert len(set(starts)) > 10, "the log start hardly moved during the reads: the race was not exercised"
