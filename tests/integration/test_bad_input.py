@@ -146,6 +146,13 @@ def test_wrong_postgres_password_fails_clearly_without_the_password_and_publishe
     chaos.check(h, (0, 1))
 
 
+def says_the_broker_refused(message: str, address: str, topic: str, reason: str) -> None:
+    """The error of a client the broker would not talk to: where, what, what to do."""
+    assert f"Kafka at {address} did not answer for topic '{topic}'" in message, message  # where
+    assert reason in message, message  # what: the client's own reason
+    assert "and the security settings" in message  # what to do
+
+
 def test_wrong_kafka_credentials_fail_clearly_without_the_password_and_plan_nothing(
         pg_url, ledger, kafka, tmp_path, caplog, capfd):
     """SASL credentials the broker refuses: the plan fails naming the cluster,
@@ -162,9 +169,7 @@ def test_wrong_kafka_credentials_fail_clearly_without_the_password_and_plan_noth
         chaos.plan_step(sasl, sasl.window(2))
 
     message = str(caught.value)
-    assert f"Kafka at {kafka.address} did not answer for topic '{p.topics[0]}'" in message, message  # where
-    assert "SASL" in message, message  # what: the client's own reason
-    assert "and the security settings" in message  # what to do
+    says_the_broker_refused(message, kafka.address, p.topics[0], "SASL")
     out, err = capfd.readouterr()
     no_secret(PASSWORD, message, caplog.text, out, err)
     assert ledger_state(pg_url, p.name) == before
@@ -186,9 +191,7 @@ def test_wrong_tls_settings_fail_clearly_without_the_key_password_and_plan_nothi
     with pytest.raises(SourceUnavailable) as caught:
         chaos.plan_step(ssl, ssl.window(2))
     message = str(caught.value)
-    assert f"Kafka at {kafka.address} did not answer for topic '{p.topics[0]}'" in message, message  # where
-    assert "SSL" in message, message  # what: the client's own reason
-    assert "and the security settings" in message  # what to do
+    says_the_broker_refused(message, kafka.address, p.topics[0], "SSL")
 
     missing_ca = str(tmp_path / "no-such-ca.pem")
     bad_ca = chaos.Pipeline(p.name, p.url, p.table, {**tls, "ssl.ca.location": missing_ca}, p.topics)
