@@ -11,10 +11,12 @@ A window's life through a sink (airflow_eos/steps.py calls these)::
     sink.commit(attempt)                  # idempotent; says what it did
     sink.abort(attempt, reason)           # or abort_window / sweep
 
-The target-independent protocol (epochs, checkpoints, prepare's checks, ledger
-states) lives in :mod:`airflow_eos.core.attempt`; a sink supplies its staging,
-its writer, a count of what is staged, the commit and the abort. A target's
-serialisable spec (core/target.py) builds its sink.
+The target-independent protocol lives in the core: epochs, checkpoints,
+prepare's checks and ledger states in :mod:`airflow_eos.core.attempt`, the
+commit and abort sequences in :mod:`airflow_eos.core.commit`. A sink supplies
+its staging, its writer, a count of what is staged, and the committer hooks
+(:class:`~airflow_eos.core.commit.Committer`) that make its publication
+atomic. A target's serialisable spec (core/target.py) builds its sink.
 
 The contract every sink keeps, whatever Airflow does (retries, clears, zombies):
 
@@ -39,65 +41,29 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from enum import Enum
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from airflow_eos.core import attempt as attempts
+from airflow_eos.core import commit as protocol
 from airflow_eos.core.attempt import Attempt, Checkpoint, ConsumedRange, Readiness, StagedChunk
+# The commit's outcome and result, importable from here as before the protocol had a module of its own.
+from airflow_eos.core.commit import (  # noqa: F401
+    ALREADY_COMMITTED,
+    PUBLISHED,
+    REPLACED,
+    SKIPPED,
+    CommitOutcome,
+    CommitResult,
+    Committer,
+)
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.ledger import Ledger, WindowRecord, WindowState
-from airflow_eos.core.windows import TopicPartition, Window
+from airflow_eos.core.ledger import WindowRecord, WindowState
+from airflow_eos.core.windows import Window
 
 log = logging.getLogger(__name__)
-
-class CommitOutcome(str, Enum):
-    """What a commit did (a str: it travels in XCom and Asset events as its value)."""
-
-    PUBLISHED = "published"  # the window's rows were published for the first time
-    REPLACED = "replaced"  # the window was committed before; its rows were replaced (on_committed="replace")
-    ALREADY_COMMITTED = "already_committed"  # this attempt committed before: a retried commit, nothing done
-    SKIPPED = "skipped"  # another attempt committed the window; on_committed="skip": nothing done
-
-    def __str__(self) -> str:
-        return self.value
-
-
-PUBLISHED = CommitOutcome.PUBLISHED
-REPLACED = CommitOutcome.REPLACED
-ALREADY_COMMITTED = CommitOutcome.ALREADY_COMMITTED
-SKIPPED = CommitOutcome.SKIPPED
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    attempt: Attempt
-    outcome: CommitOutcome
-    committed_epoch: int  # the epoch whose rows the target holds now
-    published_rows: int  # rows of the window in the target, as recorded when it was committed
-    dead_letter_rows: int
-    replaced_rows: int = 0  # rows of the window deleted by a replace
-    # The pipeline's offsets after this commit; for a no-op (already committed,
-    # skipped) the offsets as they are, so a retry can still mirror them.
-    offsets: Mapping[TopicPartition, int] | None = None
-    seconds: float = 0.0
-
-    @property
-    def changed(self) -> bool:
-        return self.outcome in (PUBLISHED, REPLACED)
-
-    def __str__(self) -> str:
-        if self.outcome == ALREADY_COMMITTED:
-            return f"{self.attempt}: committed before ({self.published_rows} rows); nothing to do"
-        if self.outcome == SKIPPED:
-            return (f"{self.attempt}: the window was committed before by attempt {self.committed_epoch} "
-                    f"({self.published_rows} rows); on_committed='skip', nothing published")
-        replaced = f", replacing {self.replaced_rows} rows" if self.outcome == REPLACED else ""
-        return (f"{self.attempt}: published {self.published_rows} rows and {self.dead_letter_rows} dead letters"
-                f"{replaced} in {self.seconds:.2f}s")
-
 
 @dataclass(frozen=True)
 class SparkOutput:
@@ -130,19 +96,6 @@ def dead_letters_as_rows(dead_letters: Iterable) -> Iterator[tuple]:
             yield (r["topic"], int(r["partition"]), int(r["offset"]), str(r["error"]), r.get("key"), r.get("value"))
 
 
-def skip_committed(conn, attempt: Attempt, status) -> CommitResult:
-    """on_committed='skip' for a window another attempt committed: end this
-    attempt (aborted, saying why) and report the committed one's counts and
-    the pipeline's offsets, in the commit's transaction. The caller drops
-    its staging."""
-    attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch};"
-                                         " on_committed='skip'")
-    result = CommitResult(attempt, SKIPPED, status.committed_epoch, status.published_rows,
-                          status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
-    log.info("%s", result)
-    return result
-
-
 @dataclass(frozen=True)
 class ForeignRecord:
     """A row or record of a target that its readers see and that verify cannot
@@ -159,10 +112,8 @@ class ForeignRecord:
     rows: int | None = 1  # the target's rows it stands for (a file's row count; None: unreadable)
 
 
-class Sink(ABC):
+class Sink(Committer, ABC):
     """A two-phase-commit target. Subclasses keep the ledger in ``self.ledger``."""
-
-    ledger: Ledger
 
     @property
     def target_id(self) -> str:
@@ -203,14 +154,6 @@ class Sink(ABC):
         or (PostgreSQL, as before targets were told apart) when it is the
         target such pipelines are taken to publish into. False by default:
         they are left to their own target's sweep."""
-        return False
-
-    @property
-    def replaces_committed(self) -> bool:
-        """Does committing another attempt of a committed window replace it
-        (``on_committed="replace"``)? False (the default, ``skip``): it would
-        publish nothing, so :meth:`committed_rerun` lets the stage step skip
-        the job altogether. Targets that can replace say when."""
         return False
 
     def committed_rerun(self, window: Window) -> WindowRecord | None:
@@ -300,24 +243,27 @@ class Sink(ABC):
     def count_staged(self, attempt: Attempt) -> Mapping[int, tuple[int, int]] | None:
         """chunk -> (rows, dead letters) present in the staging; None if it is gone."""
 
-    @abstractmethod
     def commit(self, attempt: Attempt) -> CommitResult:
-        """Publish a prepared attempt atomically with the pipeline's offsets.
+        """Publish a prepared attempt atomically with the pipeline's offsets:
+        the core's protocol (:func:`airflow_eos.core.commit.commit`) over this
+        sink's :class:`~airflow_eos.core.commit.Committer` hooks.
 
-        Must be idempotent: the same attempt may be committed again after
-        success (a retried task: ALREADY_COMMITTED, nothing done), after a crash
-        anywhere inside this method (finish what was decided, or decide now),
-        and concurrently with another commit of the same or another attempt of
+        Idempotent: the same attempt may be committed again after success (a
+        retried task: ALREADY_COMMITTED, nothing done), after a crash anywhere
+        inside this method (finish what was decided, or decide now), and
+        concurrently with another commit of the same or another attempt of
         the window (one wins; the other sees its outcome). A window committed
         by another attempt is SKIPPED or REPLACED as the target's
         ``on_committed`` says, never published twice. Raises AttemptFenced for
         a fenced attempt, NotPrepared if the staging no longer matches its
         checkpoint, and never leaves the target half-published."""
+        return protocol.commit(self, attempt)
 
-    @abstractmethod
     def abort(self, attempt: Attempt, reason: str) -> bool:
-        """Drop the attempt's staging and mark it aborted (False if it had ended).
-        The window stays planned and can be run again."""
+        """Drop the attempt's staging and mark it aborted (False if it had ended):
+        the core's protocol (:func:`airflow_eos.core.commit.abort`). The window
+        stays planned and can be run again."""
+        return protocol.abort(self, attempt, reason)
 
     def abort_window(self, window: Window, reason: str) -> list[Attempt]:
         """Abort every live attempt of a window (the abort task of a failed run)."""

@@ -14,15 +14,15 @@ rerun, the abort task, the sweep).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
-from airflow_eos.core.attempt import COMMITTED, Attempt, AttemptStatus
-from airflow_eos.core.errors import NotPrepared, TargetError
+from airflow_eos.core.attempt import COMMITTED, Attempt, AttemptStatus, Checkpoint
+from airflow_eos.core.commit import Published, Settlement
+from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED, CommitResult
 from airflow_eos.core.windows import TopicPartition, Window, to_utc
 from airflow_eos.targets.kafka import client
 from airflow_eos.targets.kafka.client import Marker
@@ -37,8 +37,23 @@ log = logging.getLogger(__name__)
 FETCH_ROWS = 10_000
 
 
+@dataclass(frozen=True)
+class KafkaTransaction:
+    """What :meth:`KafkaCommit.settle` hands the publication: the window's
+    producer (initialised: every other producer of the window fenced), where
+    it reports failed deliveries, the topic's partition count and the
+    window's end cuts (the marker's offsets)."""
+
+    producer: Any
+    failures: list[tuple]
+    partitions: int
+    ends: Mapping[TopicPartition, int]
+
+
 class KafkaCommit(KafkaIntents):
-    """commit and the ledger's side of it, of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`."""
+    """The committer hooks of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`
+    (the protocol is :mod:`airflow_eos.core.commit`), and finishing a window
+    whose transaction committed in Kafka before the ledger was told."""
 
     def transactional_id(self, window: Window | Attempt) -> str:
         return client.transactional_id(self.transactional_id_prefix, self.target_id, window)
@@ -46,95 +61,73 @@ class KafkaCommit(KafkaIntents):
     def marker_group(self, window: Window | Attempt) -> str:
         return client.marker_group(self.transactional_id_prefix, self.target_id, window)
 
-    def commit(self, attempt: Attempt) -> CommitResult:
-        """Commit a prepared attempt, in one ledger transaction that holds the
-        window's row lock throughout (commits of a window run one at a time):
+    def settle(self, conn: psycopg.Connection, attempt: Attempt) -> Settlement:
+        """Before the decision, holding the window's lock (the protocol is
+        :mod:`airflow_eos.core.commit`):
 
-        1. The ledger says this attempt committed → ALREADY_COMMITTED; another
-           attempt → SKIPPED (``on_committed="skip"``; this one is aborted).
-        2. ``init_transactions`` with the window's ``transactional.id``: every
+        1. ``init_transactions`` with the window's ``transactional.id``: every
            other producer of the window (a committer that lost its ledger
            connection, a zombie) is fenced, and its open transaction aborted
            (at once, not after the broker's transaction timeout).
-        3. The window's marker (read only now, when no transaction of the
+        2. The window's marker (read only now, when no transaction of the
            window is in flight): present → a transaction of the window
            committed but the ledger was not told (a crash after the Kafka
-           commit); the ledger records it (ALREADY_COMMITTED if it was this
-           attempt's, else SKIPPED). Absent (Kafka may have expired it) → the
-           window's unsettled commit intents are settled from the topic
-           (:mod:`~airflow_eos.targets.kafka.intent`): one that committed is
-           recorded as from the marker; one nobody can tell stops the commit.
-        4. Else: the attempt must be prepared and current, its staging as
-           checkpointed; its intent is written (autocommitted), then one
-           transaction produces the checkpointed rows (key,
-           value, headers, lineage headers with the commit token), sends the
-           marker offsets, commits. A record too large, the topic missing, a
-           fenced producer: the transaction is aborted, nothing is published,
-           a clear error.
-        5. The ledger: window committed (epoch, counts, offsets), the commit
-           token in ``eos.kafka_commits``, dead letters, staging dropped.
-        """
-        started = time.monotonic()
-        with self.ledger.connect() as conn, conn.transaction():
-            status = attempts.load_status(conn, attempt, lock=True)
-            if status.state == COMMITTED:
-                return self._result(conn, attempt, ALREADY_COMMITTED, status, started)
-            if status.window_state == COMMITTED:
-                return self._skip(conn, attempt, status, started)
-            plan = self.ledger.load_plan(conn, attempt.window)
-            ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
-            partitions = client.check_topic(self.kafka_config, self.topic)
-            failures: list[tuple] = []
-            producer = self._init_producer(attempt, failures)
-            marker = client.read_marker(self.kafka_config, self.marker_group(attempt), self.topic, ends)
-            if marker is None:
-                marker = self._settle_intents(conn, attempt.window)
-            if marker is not None:
-                committed = self._record_marker(conn, attempt.window, marker)
-                log.info("%s: the window's transaction committed in Kafka by attempt %d (commit %d); the ledger is "
-                         "told now", attempt, committed.epoch, marker.token)
-                status = attempts.load_status(conn, attempt)
-                if committed.epoch == attempt.epoch:
-                    return self._result(conn, attempt, ALREADY_COMMITTED, status, started)
-                return self._skip(conn, attempt, status, started)
-            attempts.check_committable(attempt, status)
-            checkpoint = attempts.load_checkpoint(conn, attempt)
-            problems = self.staging_problems(attempt, checkpoint)
-            if problems:
-                raise NotPrepared(f"cannot commit {attempt}: its staging no longer holds what it checkpointed; "
-                                  "nothing published, stage the window again:\n  " + "\n  ".join(problems),
-                                  missing=problems)
-            token = client.new_token(attempt.epoch)
-            self._open_intent(attempt, token, checkpoint.row_count, partitions)
-            produced = self._produce(conn, producer, failures, attempt, token, [c.chunk for c in checkpoint.chunks],
-                                     ends)
-            fault_point("commit.after_kafka_commit")
-            self._record(conn, attempt, token, checkpoint.row_count, produced)
-            status = attempts.load_status(conn, attempt)
-            return self._result(conn, attempt, PUBLISHED, status, started)
+           commit); the ledger records it (the protocol then reports
+           ALREADY_COMMITTED if it was this attempt's, else SKIPPED). Absent
+           (Kafka may have expired it) → the window's unsettled commit intents
+           are settled from the topic (:mod:`~airflow_eos.targets.kafka.intent`):
+           one that committed is recorded as from the marker; one nobody can
+           tell stops the commit.
+
+        Otherwise the initialised producer is what :meth:`publish_in_decision`
+        publishes with."""
+        plan = self.ledger.load_plan(conn, attempt.window)
+        ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
+        partitions = client.check_topic(self.kafka_config, self.topic)
+        failures: list[tuple] = []
+        producer = self._init_producer(attempt, failures)
+        found = self._committed_in_kafka(conn, attempt.window, ends)
+        if found is not None:
+            committed, marker = found
+            log.info("%s: the window's transaction committed in Kafka by attempt %d (commit %d); the ledger is "
+                     "told now", attempt, committed.epoch, marker.token)
+            return Settlement(recorded=True)
+        return Settlement(publishing=KafkaTransaction(producer, failures, partitions, ends))
+
+    def commit_problems(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
+        """The staging counted chunk by chunk against the checkpoint."""
+        return self.staging_problems(attempt, checkpoint)
+
+    def publish_in_decision(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint,
+                            replacing: AttemptStatus | None, settlement: Settlement) -> Published:
+        """The whole Kafka transaction, in the decision's ledger transaction:
+        the attempt's intent is written (autocommitted), then one transaction
+        produces the checkpointed rows (key, value, headers, lineage headers
+        with the commit token), sends the marker offsets, commits. A record
+        too large, the topic missing, a fenced producer: the transaction is
+        aborted, nothing is published, a clear error. Then the ledger's side:
+        the commit token in ``eos.kafka_commits``, the dead letters."""
+        transaction: KafkaTransaction = settlement.publishing
+        token = client.new_token(attempt.epoch)
+        self._open_intent(attempt, token, checkpoint.row_count, transaction.partitions)
+        produced = self._produce(conn, transaction.producer, transaction.failures, attempt, token,
+                                 [c.chunk for c in checkpoint.chunks], transaction.ends)
+        fault_point("commit.after_kafka_commit")
+        dead = self._record_kafka_commit(conn, attempt, token, produced)
+        return Published(checkpoint.row_count, dead)
+
+    def discard(self, attempt: Attempt, conn: psycopg.Connection | None = None) -> None:
+        """Drop the attempt's staging tables, in the transaction that ends the attempt."""
+        self._drop_staging(conn, attempt)
 
     # ------------------------------------------------------------------ the ledger
 
-    def _result(self, conn: psycopg.Connection, attempt: Attempt, outcome, status: AttemptStatus,
-                started: float) -> CommitResult:
-        result = CommitResult(attempt, outcome, status.committed_epoch, status.published_rows or 0,
-                              status.dead_letter_rows or 0, offsets=attempts.load_offsets(conn, attempt.pipeline),
-                              seconds=time.monotonic() - started)
-        log.info("%s", result)
-        return result
-
-    def _skip(self, conn: psycopg.Connection, attempt: Attempt, status: AttemptStatus,
-              started: float) -> CommitResult:
-        attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch}; "
-                                             "on_committed='skip'")
-        self._drop_staging(conn, attempt)
-        return self._result(conn, attempt, SKIPPED, status, started)
-
-    def _record(self, conn: psycopg.Connection, attempt: Attempt, token: int, rows: int,
-                produced: int | None) -> None:
-        """Mark the window committed by ``attempt`` (whose transaction with
-        ``token`` committed in Kafka), with its dead letters, and drop its
-        staging. In the transaction holding the window's lock."""
+    def _record_kafka_commit(self, conn: psycopg.Connection, attempt: Attempt, token: int,
+                             produced: int | None) -> int:
+        """The ledger's record of ``attempt``'s transaction, which committed in
+        Kafka with ``token``: its dead letters, its intent settled, the commit
+        in ``eos.kafka_commits``. Returns the dead letters. In the transaction
+        holding the window's lock, which then marks the window committed."""
         from psycopg import sql
         _, dead_table = staging_ids(attempt.staging)
         dead = 0
@@ -148,14 +141,25 @@ class KafkaCommit(KafkaIntents):
                  [c.chunk for c in checkpoint.chunks])).rowcount
         else:
             log.warning("%s: its staging is gone; its dead letters cannot be recorded", attempt)
-        attempts.mark_committed(conn, attempt, rows, dead)
         resolve_committed(conn, self.target_id, attempt, token)
         conn.execute(
             "INSERT INTO eos.kafka_commits (pipeline, window_start, target, epoch, token, transactional_id,"
             " marker_group, records) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
             (attempt.pipeline, attempt.window_start, self.target_id, attempt.epoch, token,
              self.transactional_id(attempt), self.marker_group(attempt), produced))
-        self._drop_staging(conn, attempt)
+        return dead
+
+    def _committed_in_kafka(self, conn: psycopg.Connection, window: Window,
+                            ends: Mapping[TopicPartition, int]) -> tuple[Attempt, Marker] | None:
+        """After the window's producers were fenced: the attempt whose
+        transaction committed in Kafka, told by the window's marker or, the
+        marker absent, by settling the window's commit intents, recorded in
+        the ledger now (with the marker); None if none committed."""
+        marker = client.read_marker(self.kafka_config, self.marker_group(window), self.topic, ends) \
+            or self._settle_intents(conn, window)
+        if marker is None:
+            return None
+        return self._record_marker(conn, window, marker), marker
 
     def _record_marker(self, conn: psycopg.Connection, window: Window, marker: Marker) -> Attempt:
         """The ledger told of a transaction the marker says committed (its
@@ -171,7 +175,9 @@ class KafkaCommit(KafkaIntents):
                               "pipeline into the topic?); nothing recorded")
         committed = Attempt(*row)
         checkpoint = attempts.load_checkpoint(conn, committed)
-        self._record(conn, committed, marker.token, checkpoint.row_count, None)
+        dead = self._record_kafka_commit(conn, committed, marker.token, None)
+        attempts.mark_committed(conn, committed, checkpoint.row_count, dead)
+        self.discard(committed, conn)
         return committed
 
     def finish(self, window: Window) -> Attempt | None:
@@ -194,11 +200,10 @@ class KafkaCommit(KafkaIntents):
         ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
         producer = self._init_producer(window)
         del producer
-        marker = client.read_marker(self.kafka_config, self.marker_group(window), self.topic, ends) \
-            or self._settle_intents(conn, window)
-        if marker is None:
+        found = self._committed_in_kafka(conn, window, ends)
+        if found is None:
             return None
-        committed = self._record_marker(conn, window, marker)
+        committed, _ = found
         log.info("%s: its transaction had committed in Kafka; the ledger is told now", committed)
         return committed
 

@@ -14,7 +14,8 @@ of a window's life:
   but never reached the job commit (a task lost afterwards, a speculative copy) is
   not in the checkpoint and is never published.
 - **prepare** (the sensor) compares the checkpoint's chunks with the staging.
-- **commit**: one transaction, described in :meth:`PostgresTarget.commit`.
+- **commit**: one transaction, the core's protocol (:mod:`airflow_eos.core.commit`)
+  with the publication of :meth:`PostgresTarget.publish_in_decision`.
 - **abort** drops the staging and marks the attempt aborted, atomically.
 
 Unlogged staging is fast to fill and is emptied by a database crash; prepare and
@@ -57,19 +58,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_eos.core import attempt as attempts
-from airflow_eos.core.attempt import COMMITTED, Attempt, Checkpoint
+from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.ledger import Ledger, WindowState
-from airflow_eos.core.sink import (ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, ForeignRecord, Sink,
-                                   skip_committed)
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.commit import Published, Settlement
+from airflow_eos.core.sink import ForeignRecord, Sink
 from airflow_eos.core.target import DEFAULT_CONN_IDS, POSTGRES, ConnectionRef, TargetSpec, uri_part
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.postgres import publish, shape, staging
@@ -108,6 +108,12 @@ __all__ = [
     "LINEAGE_COLUMNS", "CHUNK_COLUMN", "DEAD_LETTER_SUFFIX", "DEAD_LETTER_COLUMNS", "PARTITION_PER_WINDOW", "MODES",
     "BOUND_CONSTRAINT", "SEALED_TRIGGER", "ON_COMMITTED",
 ]
+
+
+@contextlib.contextmanager
+def _in_transaction(connection: contextlib.AbstractContextManager) -> Iterator[psycopg.Connection]:
+    with connection as conn, conn.transaction():
+        yield conn
 
 
 @dataclass(frozen=True)
@@ -377,95 +383,67 @@ class PostgresTarget(TargetSpec, Sink):
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self, attempt: Attempt) -> CommitResult:
-        """Publish a prepared attempt. One transaction:
+    def ledger_transaction(self, purpose: str, hint: str = "") -> contextlib.AbstractContextManager:
+        """A fresh connection to the target database in a transaction; a lost
+        connection is LedgerUnavailable, saying ``purpose`` (and ``hint``)."""
+        return _in_transaction(self._connection(purpose, hint))
 
-        1. lock the window row, then the attempt row (begin and abort of the
-           window wait; a second commit waits, then finds it done);
-        2. this attempt committed before → no-op, reported; the window committed
-           by another attempt → ``skip``: no-op (this attempt's staging is
-           dropped) or ``replace``: delete the window's published rows first
-           (partition_per_window: drop its partition);
-        3. the attempt must hold the current epoch and be prepared;
-        4. ``INSERT … SELECT`` the checkpointed chunks' rows (partition_per_window:
-           attach the sealed staging as the window's partition) and dead
-           letters; their counts must equal the checkpoint's (staging lost after
-           prepare is refused, nothing published);
-        5. mark window and attempt committed, advance the pipeline's offsets to
-           the contiguous committed prefix, drop the staging.
+    def decision_transaction(self, attempt: Attempt) -> contextlib.AbstractContextManager:
+        return self.ledger_transaction(f"commit {attempt}", "; retrying the commit is safe")
 
-        A failure anywhere rolls all of it back. On a target error the staging
-        is kept for inspection until the attempt is aborted. If the connection
-        is lost, the outcome is "rolled back" unless it was lost during COMMIT
-        itself; either way retrying is safe.
-        """
+    def publish_in_decision(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint,
+                            replacing: AttemptStatus | None, settlement: Settlement) -> Published:
+        """Publish the checkpointed chunks in the decision's transaction (the
+        protocol is :mod:`airflow_eos.core.commit`): ``replacing`` → delete the
+        window's published rows first (partition_per_window: drop its
+        partition); then ``INSERT … SELECT`` the rows (partition_per_window:
+        attach the sealed staging as the window's partition) and the dead
+        letters. Their counts must equal the checkpoint's (staging lost after
+        prepare is refused, nothing published). On a target error the staging
+        is kept for inspection until the attempt is aborted."""
         import psycopg
         from psycopg import sql
-        started = time.monotonic()
         rows_table, dead_table = staging_ids(attempt.staging)
-        with self._connection(f"commit {attempt}", "; retrying the commit is safe") as conn, conn.transaction():
-            status = attempts.load_status(conn, attempt, lock=True)
-            if status.state == COMMITTED:
-                log.info("%s: committed before; nothing to do", attempt)
-                # The offsets as they are now, so that a retry after a failure between
-                # the commit and the offsets mirror still mirrors them.
-                return CommitResult(attempt, ALREADY_COMMITTED, status.committed_epoch, status.published_rows,
-                                    status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
-            replacing = status.window_state == WindowState.COMMITTED
-            if replacing and not self.replaces_committed:
-                staging.drop(conn, attempt.staging)
-                return skip_committed(conn, attempt, status)
-            attempts.check_committable(attempt, status)
-            checkpoint = attempts.load_checkpoint(conn, attempt)
-            chunks = [c.chunk for c in checkpoint.chunks]
-            try:
-                described = self._describe(conn)
-                columns = staging.staged_columns(conn, attempt.staging, self.columns)
-                if columns is None:
-                    raise NotPrepared(f"cannot commit {attempt}: its staging {attempt.staging} is gone; "
-                                      "stage the window again", missing=["staging table"])
-                replaced = (publish.delete_window(conn, attempt, self._target, self.table, described, self.mode,
-                                                    status.committed_epoch) if replacing else 0)
-                # literals, not parameters: see the publish module's docstring
-                values = {"pipeline": sql.Literal(attempt.pipeline), "window_start": sql.Literal(attempt.window_start),
-                          "epoch": sql.Literal(attempt.epoch), "chunks": sql.Literal(chunks)}
-                fault_point("commit.before_publish")
-                if self.mode == PARTITION_PER_WINDOW:
-                    published = publish.attach(conn, attempt, self._target, described, rows_table, checkpoint)
-                else:
-                    published = conn.execute(publish.insert_rows(self._target, columns, described, rows_table, values,
-                                                                  self.mode, self.key)).rowcount
-                fault_point("commit.after_publish")
-                dead = publish.insert_dead_letters(conn, dead_table, values)
-            except psycopg.OperationalError:
-                raise
-            except psycopg.Error as exc:
-                raise TargetError(f"cannot publish {attempt} into {self.table}: {pg_message(exc)}; "
-                                  "staging kept until the attempt is aborted") from exc
-            if (published, dead) != (checkpoint.row_count, checkpoint.dead_letter_count):
-                raise NotPrepared(
-                    f"cannot commit {attempt}: the checkpoint counted {checkpoint.row_count} rows and "
-                    f"{checkpoint.dead_letter_count} dead letters, the staging holds {published} and {dead} "
-                    "(staging lost or changed after prepare); nothing published, stage the window again",
-                    missing=["staged rows"],
-                )
-            offsets = attempts.mark_committed(conn, attempt, published, dead)
-            staging.drop(conn, attempt.staging)
-        result = CommitResult(attempt, REPLACED if replacing else PUBLISHED, attempt.epoch, published, dead,
-                              replaced, offsets, time.monotonic() - started)
-        log.info("%s", result)
-        return result
+        chunks = [c.chunk for c in checkpoint.chunks]
+        try:
+            described = self._describe(conn)
+            columns = staging.staged_columns(conn, attempt.staging, self.columns)
+            if columns is None:
+                raise NotPrepared(f"cannot commit {attempt}: its staging {attempt.staging} is gone; "
+                                  "stage the window again", missing=["staging table"])
+            replaced = (publish.delete_window(conn, attempt, self._target, self.table, described, self.mode,
+                                                replacing.committed_epoch) if replacing else 0)
+            # literals, not parameters: see the publish module's docstring
+            values = {"pipeline": sql.Literal(attempt.pipeline), "window_start": sql.Literal(attempt.window_start),
+                      "epoch": sql.Literal(attempt.epoch), "chunks": sql.Literal(chunks)}
+            fault_point("commit.before_publish")
+            if self.mode == PARTITION_PER_WINDOW:
+                published = publish.attach(conn, attempt, self._target, described, rows_table, checkpoint)
+            else:
+                published = conn.execute(publish.insert_rows(self._target, columns, described, rows_table, values,
+                                                              self.mode, self.key)).rowcount
+            fault_point("commit.after_publish")
+            dead = publish.insert_dead_letters(conn, dead_table, values)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            raise TargetError(f"cannot publish {attempt} into {self.table}: {pg_message(exc)}; "
+                              "staging kept until the attempt is aborted") from exc
+        if (published, dead) != (checkpoint.row_count, checkpoint.dead_letter_count):
+            raise NotPrepared(
+                f"cannot commit {attempt}: the checkpoint counted {checkpoint.row_count} rows and "
+                f"{checkpoint.dead_letter_count} dead letters, the staging holds {published} and {dead} "
+                "(staging lost or changed after prepare); nothing published, stage the window again",
+                missing=["staged rows"],
+            )
+        return Published(published, dead, replaced)
 
     # ------------------------------------------------------------------ abort
 
-    def abort(self, attempt: Attempt, reason: str) -> bool:
-        """Mark the attempt aborted and drop its staging in one transaction.
-        Waits for a writer still staging into it (a zombie task) to finish."""
-        with self._connection(f"abort {attempt}") as conn, conn.transaction():
-            aborted = attempts.mark_aborted(conn, attempt, reason)
-            fault_point("abort.inside")
-            staging.drop(conn, attempt.staging)
-        return aborted
+    def discard(self, attempt: Attempt, conn: psycopg.Connection | None = None) -> None:
+        """Drop the attempt's staging tables, in the transaction that ends the
+        attempt (it waits for a writer still staging into them, a zombie task)."""
+        staging.drop(conn, attempt.staging)
 
     # ------------------------------------------------------------------ verify
 
