@@ -55,8 +55,8 @@ from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import ABORTED, COMMITTED, Attempt, AttemptStatus, Checkpoint
 from airflow_eos.core.errors import NotPrepared
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.ledger import Ledger, WindowState
-from airflow_eos.core.windows import TopicPartition
+from airflow_eos.core.ledger import Ledger, WindowRecord, WindowState
+from airflow_eos.core.windows import TopicPartition, Window
 
 if TYPE_CHECKING:
     import psycopg
@@ -163,6 +163,46 @@ class Committer(ABC):
         publish nothing, so ``Sink.committed_rerun`` lets the stage step skip
         the job altogether. Targets that can replace say when."""
         return False
+
+    def committed_rerun(self, window: Window) -> WindowRecord | None:
+        """The window's ledger row when it is committed and this target skips a
+        rerun of it: a Clear of a committed window then opens no attempt and
+        runs no Spark job (it would be thrown away at the commit). None when
+        a run must stage: not committed yet, ``replace``, or a commit step that
+        died before its end (not announced: see ``steps.commit``). A commit that
+        lands after this check is the next run's to see; an attempt staged
+        meanwhile is skipped at its commit as before."""
+        if self.replaces_committed:
+            return None
+        with self.ledger.connect() as conn:
+            record = self.ledger.window(conn, window)
+        if record is None or record.state != WindowState.COMMITTED:
+            return None
+        # A commit that died before its step ended may not have told Airflow (no Asset event): let the rerun
+        # commit (skipped), as before, rather than leave the window unannounced.
+        return record if record.announced_epoch == record.committed_epoch else None
+
+    def commit(self, attempt: Attempt) -> CommitResult:
+        """Publish a prepared attempt atomically with the pipeline's offsets:
+        the core's protocol (:func:`airflow_eos.core.commit.commit`) over this
+        sink's :class:`~airflow_eos.core.commit.Committer` hooks.
+
+        Idempotent: the same attempt may be committed again after success (a
+        retried task: ALREADY_COMMITTED, nothing done), after a crash anywhere
+        inside this method (finish what was decided, or decide now), and
+        concurrently with another commit of the same or another attempt of
+        the window (one wins; the other sees its outcome). A window committed
+        by another attempt is SKIPPED or REPLACED as the target's
+        ``on_committed`` says, never published twice. Raises AttemptFenced for
+        a fenced attempt, NotPrepared if the staging no longer matches its
+        checkpoint, and never leaves the target half-published."""
+        return commit(self, attempt)
+
+    def abort(self, attempt: Attempt, reason: str) -> bool:
+        """Drop the attempt's staging and mark it aborted (False if it had ended):
+        the core's protocol (:func:`airflow_eos.core.commit.abort`). The window
+        stays planned and can be run again."""
+        return abort(self, attempt, reason)
 
     @contextlib.contextmanager
     def ledger_transaction(self, purpose: str) -> Iterator[psycopg.Connection]:

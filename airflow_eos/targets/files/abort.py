@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from airflow_eos.core.attempt import ABORTED, Attempt
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.files import fs
+from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.writer import COMMIT_FILE, PUBLISH
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 TRASH_STAMP = "%Y%m%dT%H%M%S.%fZ"
 
 
-class FileAbort:
+class FileAbort(FileSinkFields):
     """The staging's removal, abort_window and sweep of
     :class:`~airflow_eos.targets.files.sink.FileSink` (ahead of
     :class:`~airflow_eos.core.sink.Sink` in its bases: ``super()`` reaches the

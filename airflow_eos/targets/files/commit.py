@@ -19,6 +19,7 @@ from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files import fs
+from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.staging import ManifestFile
 from airflow_eos.targets.files.writer import COMMIT_FILE, DEAD_LETTER_COLUMNS, PUBLISH, StagedFile, read_footer
 
@@ -41,7 +42,7 @@ COMPLETE = "complete"  # the partition already held this attempt: nothing to do
 SUPERSEDED_HOW = "superseded"  # another attempt committed the window since: this one is never published
 
 
-class FileCommit:
+class FileCommit(FileSinkFields):
     """The committer hooks of :class:`~airflow_eos.targets.files.sink.FileSink`:
     its part of the decision, and the publication after it."""
 

@@ -20,6 +20,7 @@ from airflow_eos.core.attempt import PREPARED, Attempt
 from airflow_eos.core.errors import EosError
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.kafka import client
+from airflow_eos.targets.kafka.fields import KafkaSinkFields
 from airflow_eos.targets.kafka.intent import COMMITTED, pending_intents
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class KafkaAbort:
+class KafkaAbort(KafkaSinkFields):
     """What the abort, the teardown and the sweep of
     :class:`~airflow_eos.targets.kafka.sink.KafkaSink` do before aborting
     (ahead of :class:`~airflow_eos.core.sink.Sink` in its bases)."""
