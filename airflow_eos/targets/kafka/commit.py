@@ -235,72 +235,107 @@ class KafkaCommit(KafkaIntents):
                  chunks: list[int], ends: Mapping[TopicPartition, int]) -> int:
         """One Kafka transaction: every checkpointed staged row as a record,
         then the marker offsets; commit. Returns the records produced.
-        Aborts the transaction (and raises) on any error.
+        Aborts the transaction (and raises) on any error."""
+        rows_table, _ = staging_ids(attempt.staging)
+        midpoint = max(1, self._count_rows(conn, rows_table, chunks) // 2)
+        producer.begin_transaction()
+        try:
+            fault_point("commit.before_publish")
+            produced = self._send_rows(conn, producer, failures, attempt, token, chunks, midpoint)
+            self._check_delivered(conn, producer, failures, attempt, chunks)
+            fault_point("commit.after_publish")
+            self._send_marker(producer, attempt, token, ends)
+        except BaseException:
+            self._abort_transaction(producer, attempt, token)
+            raise
+        self._commit_transaction(producer, attempt, token)
+        log.info("%s: %d record(s) published into topic %s in transaction %s (commit %d)", attempt, produced,
+                 self.topic, self.transactional_id(attempt), token)
+        return produced
+
+    @staticmethod
+    def _count_rows(conn: psycopg.Connection, rows_table, chunks: list[int]) -> int:
+        from psycopg import sql
+        return conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {} = ANY(%s)").format(
+            rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,)).fetchone()[0]
+
+    @staticmethod
+    def _window_headers(attempt: Attempt, token: int) -> list[tuple[str, bytes]]:
+        """The headers every record of the window's transaction carries: the
+        window, the attempt's epoch and the commit token."""
+        return [(client.H_PIPELINE, attempt.pipeline.encode()),
+                (client.H_WINDOW_START, to_utc(attempt.window_start).isoformat().encode()),
+                (client.H_WINDOW_END, to_utc(attempt.window_end).isoformat().encode()),
+                (client.H_EPOCH, str(attempt.epoch).encode()), (client.H_COMMIT, str(token).encode())]
+
+    def _send_rows(self, conn: psycopg.Connection, producer, failures: list[tuple], attempt: Attempt, token: int,
+                   chunks: list[int], midpoint: int) -> int:
+        """Send the checkpointed chunks' rows as records, in source order;
+        stop at the first failed delivery; flush once at ``midpoint`` (the
+        fault point ``commit.mid_produce``). Returns the records sent.
 
         The rows come through a binary server-side cursor with the lineage
         already as the header's bytes (``convert_to`` in the query): bytea
         columns arrive as bytes, nothing is converted per row in Python."""
-        from confluent_kafka import Consumer, KafkaException
         from psycopg import sql
-        produced = 0
-        group = self.marker_group(attempt)
-        fixed = [(client.H_PIPELINE, attempt.pipeline.encode()),
-                 (client.H_WINDOW_START, to_utc(attempt.window_start).isoformat().encode()),
-                 (client.H_WINDOW_END, to_utc(attempt.window_end).isoformat().encode()),
-                 (client.H_EPOCH, str(attempt.epoch).encode()), (client.H_COMMIT, str(token).encode())]
+        fixed = self._window_headers(attempt, token)
         key_at = 0 if self.key_column else None
         value_at = 1 if self.key_column else 0
-        headers_at = value_at + 1
-        header_names = list(enumerate(self.header_columns, headers_at))
+        header_names = list(enumerate(self.header_columns, value_at + 1))
         h_topic, h_partition, h_offset = client.H_TOPIC, client.H_PARTITION, client.H_OFFSET
         rows_table, _ = staging_ids(attempt.staging)
-        total = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {} = ANY(%s)").format(
-            rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,)).fetchone()[0]
-        midpoint = max(1, total // 2)
+        lineage = [sql.SQL("convert_to({}::text, 'UTF8')").format(sql.Identifier(c)) for c in client.LINEAGE_COLUMNS]
+        produced = 0
+        with conn.cursor(name=f"eos_kafka_{attempt.epoch}", binary=True) as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s) ORDER BY eos_topic, eos_partition,"
+                                " eos_offset").format(
+                sql.SQL(", ").join([*map(sql.Identifier, self.record_columns), *lineage]),
+                rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,))
+            for row in cur:
+                topic, partition, offset = row[-3:]
+                headers = [*fixed, (h_topic, topic), (h_partition, partition), (h_offset, offset)]
+                headers += [(name, row[i]) for i, name in header_names if row[i] is not None]
+                key = row[key_at] if key_at is not None else None
+                self._send(producer, key, row[value_at], headers, row[-3:])
+                produced += 1
+                if failures:
+                    break
+                if produced == midpoint:
+                    producer.flush(client.TIMEOUT)
+                    fault_point("commit.mid_produce")
+        return produced
 
-        producer.begin_transaction()
+    def _check_delivered(self, conn: psycopg.Connection, producer, failures: list[tuple], attempt: Attempt,
+                         chunks: list[int]) -> None:
+        """Wait for every record's delivery; TargetError (naming the source
+        records of failed deliveries) if any failed or did not arrive in time."""
+        remaining = producer.flush(client.TIMEOUT)
+        if failures:
+            rows_table, _ = staging_ids(attempt.staging)
+            raise TargetError(f"cannot publish {attempt} into topic {self.topic}: "
+                              + "; ".join(self._failed_sources(conn, rows_table, chunks, failures))
+                              + " (nothing of the window is published: its transaction is "
+                              "aborted; a record too large needs the producer's message.max.bytes and the "
+                              "topic's max.message.bytes raised, or a smaller record)")
+        if remaining:
+            raise TargetError(f"cannot publish {attempt} into topic {self.topic}: {remaining} record(s) not "
+                              f"delivered within {client.TIMEOUT:.0f}s; the transaction is aborted")
+
+    def _send_marker(self, producer, attempt: Attempt, token: int, ends: Mapping[TopicPartition, int]) -> None:
+        """The window's marker, in the transaction: its end cuts and commit
+        token as offsets of the window's marker group."""
+        from confluent_kafka import Consumer
+        consumer = Consumer({**client._client(self.kafka_config), "group.id": self.marker_group(attempt),
+                             "enable.auto.commit": False})
         try:
-            fault_point("commit.before_publish")
-            lineage = [sql.SQL("convert_to({}::text, 'UTF8')").format(sql.Identifier(c))
-                       for c in client.LINEAGE_COLUMNS]
-            with conn.cursor(name=f"eos_kafka_{attempt.epoch}", binary=True) as cur:
-                cur.itersize = FETCH_ROWS
-                cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s) ORDER BY eos_topic, eos_partition,"
-                                    " eos_offset").format(
-                    sql.SQL(", ").join([*map(sql.Identifier, self.record_columns), *lineage]),
-                    rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,))
-                for row in cur:
-                    topic, partition, offset = row[-3:]
-                    headers = [*fixed, (h_topic, topic), (h_partition, partition), (h_offset, offset)]
-                    headers += [(name, row[i]) for i, name in header_names if row[i] is not None]
-                    key = row[key_at] if key_at is not None else None
-                    self._send(producer, key, row[value_at], headers, row[-3:])
-                    produced += 1
-                    if failures:
-                        break
-                    if produced == midpoint:
-                        producer.flush(client.TIMEOUT)
-                        fault_point("commit.mid_produce")
-            remaining = producer.flush(client.TIMEOUT)
-            if failures:
-                raise TargetError(f"cannot publish {attempt} into topic {self.topic}: "
-                                  + "; ".join(self._failed_sources(conn, rows_table, chunks, failures))
-                                  + " (nothing of the window is published: its transaction is "
-                                  "aborted; a record too large needs the producer's message.max.bytes and the "
-                                  "topic's max.message.bytes raised, or a smaller record)")
-            if remaining:
-                raise TargetError(f"cannot publish {attempt} into topic {self.topic}: {remaining} record(s) not "
-                                  f"delivered within {client.TIMEOUT:.0f}s; the transaction is aborted")
-            fault_point("commit.after_publish")
-            consumer = Consumer({**client._client(self.kafka_config), "group.id": group, "enable.auto.commit": False})
-            try:
-                producer.send_offsets_to_transaction(client.marker_offsets(self.topic, token, ends),
-                                                     consumer.consumer_group_metadata(), client.TIMEOUT)
-            finally:
-                consumer.close()
-        except BaseException:
-            self._abort_transaction(producer, attempt, token)
-            raise
+            producer.send_offsets_to_transaction(client.marker_offsets(self.topic, token, ends),
+                                                 consumer.consumer_group_metadata(), client.TIMEOUT)
+        finally:
+            consumer.close()
+
+    def _commit_transaction(self, producer, attempt: Attempt, token: int) -> None:
+        from confluent_kafka import KafkaException
         try:
             producer.commit_transaction(client.TIMEOUT)
         except KafkaException as exc:
@@ -310,9 +345,6 @@ class KafkaCommit(KafkaIntents):
             raise TargetError(f"the transaction of {attempt} into topic {self.topic} did not commit: {error.str()} "
                               "(fenced by another committer of the window, or the broker refused it); a retry tells "
                               "from the window's marker whether it committed") from exc
-        log.info("%s: %d record(s) published into topic %s in transaction %s (commit %d)", attempt, produced,
-                 self.topic, self.transactional_id(attempt), token)
-        return produced
 
     def _failed_sources(self, conn: psycopg.Connection, rows_table, chunks: list[int],
                         failures: list[tuple]) -> list[str]:
