@@ -3,7 +3,7 @@
 
 The Kafka commit is the decision and the ledger follows it, so before an
 attempt that may have reached Kafka (a prepared one) is aborted, the window is
-*finished* (:meth:`KafkaCommit.finish`): its producers are fenced (which also
+*finished* (:meth:`KafkaAbort.finish`): its producers are fenced (which also
 ends a transaction a dead committer left open, which otherwise holds every
 ``read_committed`` reader of the partition until the broker times it out) and
 its marker read; a transaction that committed is recorded in the ledger, never
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import PREPARED, Attempt
 from airflow_eos.core.errors import EosError
+from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.kafka import client
 from airflow_eos.targets.kafka.fields import KafkaSinkFields
@@ -50,6 +51,32 @@ class KafkaAbort(KafkaSinkFields):
                      (attempt.pipeline, attempt.window_start))
         if attempts.load_state(conn, attempt) == PREPARED:
             self.finish_locked(conn, attempt.window)
+
+    def finish(self, window: Window) -> Attempt | None:
+        """Tell the ledger of a transaction of the window that committed in
+        Kafka after which the commit died (the abort task and the sweep call
+        this before aborting): fences the window's producers, reads the
+        marker, or without it settles the window's commit intents. Returns
+        the attempt recorded as committed, or None."""
+        with self.ledger.connect() as conn, conn.transaction():
+            return self.finish_locked(conn, window)
+
+    def finish_locked(self, conn: psycopg.Connection, window: Window) -> Attempt | None:
+        """:meth:`finish` in the caller's ledger transaction (which then holds
+        the window's row lock, as a commit does)."""
+        row = conn.execute("SELECT state FROM eos.windows WHERE pipeline = %s AND window_start = %s FOR UPDATE",
+                           (window.pipeline, window.start)).fetchone()
+        if row is None or row[0] == WindowState.COMMITTED:
+            return None
+        ends = self._window_ends(conn, window)
+        producer = self._init_producer(window)
+        del producer
+        found = self._committed_in_kafka(conn, window, ends)
+        if found is None:
+            return None
+        committed, _ = found
+        log.info("%s: its transaction had committed in Kafka; the ledger is told now", committed)
+        return committed
 
     def abort_window(self, window: Window, reason: str) -> list[Attempt]:
         """The teardown: finish the window (fence its producers, ending any

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
-from airflow_eos.core.attempt import COMMITTED, Attempt, AttemptStatus, Checkpoint
+from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
 from airflow_eos.core.commit import Published, Settlement
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
@@ -81,8 +81,7 @@ class KafkaCommit(KafkaIntents):
 
         Otherwise the initialised producer is what :meth:`publish_in_decision`
         publishes with."""
-        plan = self.ledger.load_plan(conn, attempt.window)
-        ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
+        ends = self._window_ends(conn, attempt.window)
         partitions = client.check_topic(self.kafka_config, self.topic)
         failures: list[tuple] = []
         producer = self._init_producer(attempt, failures)
@@ -149,6 +148,11 @@ class KafkaCommit(KafkaIntents):
              self.transactional_id(attempt), self.marker_group(attempt), produced))
         return dead
 
+    def _window_ends(self, conn: psycopg.Connection, window: Window) -> dict[TopicPartition, int]:
+        """The window's end cuts, from its frozen plan: the offsets its marker holds."""
+        plan = self.ledger.load_plan(conn, window)
+        return {r.tp: r.end_offset for r in plan.ranges} if plan else {}
+
     def _committed_in_kafka(self, conn: psycopg.Connection, window: Window,
                             ends: Mapping[TopicPartition, int]) -> tuple[Attempt, Marker] | None:
         """After the window's producers were fenced: the attempt whose
@@ -178,33 +182,6 @@ class KafkaCommit(KafkaIntents):
         dead = self._record_kafka_commit(conn, committed, marker.token, None)
         attempts.mark_committed(conn, committed, checkpoint.row_count, dead)
         self.discard(committed, conn)
-        return committed
-
-    def finish(self, window: Window) -> Attempt | None:
-        """Tell the ledger of a transaction of the window that committed in
-        Kafka after which the commit died (the abort task and the sweep call
-        this before aborting): fences the window's producers, reads the
-        marker, or without it settles the window's commit intents. Returns
-        the attempt recorded as committed, or None."""
-        with self.ledger.connect() as conn, conn.transaction():
-            return self.finish_locked(conn, window)
-
-    def finish_locked(self, conn: psycopg.Connection, window: Window) -> Attempt | None:
-        """:meth:`finish` in the caller's ledger transaction (which then holds
-        the window's row lock, as a commit does)."""
-        row = conn.execute("SELECT state FROM eos.windows WHERE pipeline = %s AND window_start = %s FOR UPDATE",
-                           (window.pipeline, window.start)).fetchone()
-        if row is None or row[0] == COMMITTED:
-            return None
-        plan = self.ledger.load_plan(conn, window)
-        ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
-        producer = self._init_producer(window)
-        del producer
-        found = self._committed_in_kafka(conn, window, ends)
-        if found is None:
-            return None
-        committed, _ = found
-        log.info("%s: its transaction had committed in Kafka; the ledger is told now", committed)
         return committed
 
     # ------------------------------------------------------------------ the Kafka transaction
