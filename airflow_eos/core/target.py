@@ -167,10 +167,16 @@ def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def registered_kinds() -> list[str]:
+    """Every target kind a spec can name: the package's own and those other
+    distributions register under :data:`ENTRY_POINT_GROUP`."""
+    return sorted({*BUILTIN_KINDS, *_entry_points()})
+
+
 def spec_class(kind: str) -> type[TargetSpec]:
     where = BUILTIN_KINDS.get(kind) or _entry_points().get(kind)
     if where is None:
-        known = sorted({*BUILTIN_KINDS, *_entry_points()})
+        known = registered_kinds()
         raise ConfigurationError(f"unknown target kind {kind!r}: known kinds are {known} (a third-party target "
                                  f"registers its spec class under the entry point group {ENTRY_POINT_GROUP!r})")
     module, _, name = where.partition(":")

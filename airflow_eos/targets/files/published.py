@@ -14,6 +14,7 @@ from airflow_eos.core.errors import TargetError
 from airflow_eos.core.sink import ForeignRecord
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files.commit import COMMIT_FORMAT
+from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.writer import COMMIT_FILE, visible
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
 
 
-class FilePublished:
+class FilePublished(FileSinkFields):
     """``published_partitions`` and ``published_relation`` of
     :class:`~airflow_eos.targets.files.sink.FileSink`."""
 

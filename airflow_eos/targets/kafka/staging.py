@@ -25,6 +25,7 @@ from airflow_eos.core.attempt import Attempt, StagedChunk
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.kafka.client import LINEAGE_COLUMNS, check_topic
+from airflow_eos.targets.kafka.fields import KafkaSinkFields
 from airflow_eos.targets.postgres import staging as pg_staging
 from airflow_eos.targets.postgres.names import CHUNK_COLUMN, STAGING_SCHEMA, staging_ids
 from airflow_eos.targets.postgres.writer import StagingWriter
@@ -81,7 +82,7 @@ class KafkaStagingWriter(StagingWriter):
         return cls.from_arrays(arrays, names=names)
 
 
-class KafkaStaging:
+class KafkaStaging(KafkaSinkFields):
     """begin, writer and counts of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`."""
 
     def staged_columns(self) -> tuple[str, ...]:
