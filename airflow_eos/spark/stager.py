@@ -24,11 +24,11 @@ import psycopg
 from pyspark.sql.datasource import WriterCommitMessage
 
 from airflow_eos.core.attempt import Attempt, StagedChunk
+from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.errors import EosError, TargetError
 from airflow_eos.spark.kafka_ranges import read_records
 from airflow_eos.spark.stage_settings import StageSettings
 from airflow_eos.targets.postgres.encoding import CopyFormat, row_of_line
-from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
-from airflow_eos.core.target import PATH, POSTGRES, ConnectionRef, TargetSpec, uri_part
+from airflow_eos.core.target import DEFAULT_CONN_IDS, PATH, POSTGRES, ConnectionRef, TargetSpec, uri_part
 from airflow_eos.targets.files.identity import root_aliases, root_id
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION, Layout
 
@@ -120,7 +120,7 @@ class FileTarget(TargetSpec):
 
     path: str = ""
     format: str = "parquet"
-    postgres_conn_id: str = "postgres_default"
+    postgres_conn_id: str = DEFAULT_CONN_IDS[POSTGRES]
     ledger_url: str | None = None
     on_committed: str = "skip"
     layout: str = DEFAULT_LAYOUT

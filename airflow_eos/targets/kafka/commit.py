@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt, AttemptStatus
+from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.errors import NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED, CommitResult
@@ -257,7 +258,7 @@ class KafkaCommit(KafkaIntents):
         try:
             fault_point("commit.before_publish")
             lineage = [sql.SQL("convert_to({}::text, 'UTF8')").format(sql.Identifier(c))
-                       for c in client.LINEAGE_COLUMNS]
+                       for c in LINEAGE_COLUMNS]
             with conn.cursor(name=f"eos_kafka_{attempt.epoch}", binary=True) as cur:
                 cur.itersize = FETCH_ROWS
                 cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s) ORDER BY eos_topic, eos_partition,"

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_eos.core.client_settings import refuse_inline_secrets
+from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
-from airflow_eos.core.target import KAFKA, POSTGRES, ConnectionRef, TargetSpec, kafka_asset_uri
-from airflow_eos.targets.kafka.client import LINEAGE_COLUMNS
+from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA, POSTGRES, ConnectionRef, TargetSpec, kafka_asset_uri
 
 if TYPE_CHECKING:
     from airflow_eos.targets.kafka.sink import KafkaSink
@@ -63,8 +63,8 @@ class KafkaTarget(TargetSpec):
     key_column: str | None = "key"
     value_column: str = "value"
     header_columns: tuple[str, ...] = ()
-    kafka_conn_id: str = "kafka_default"
-    postgres_conn_id: str = "postgres_default"
+    kafka_conn_id: str = DEFAULT_CONN_IDS[KAFKA]
+    postgres_conn_id: str = DEFAULT_CONN_IDS[POSTGRES]
     on_committed: str = "skip"
     transactional_id_prefix: str = "airflow-eos"
     producer_config: Mapping[str, Any] = field(default_factory=dict)

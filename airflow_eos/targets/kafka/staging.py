@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, StagedChunk
+from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.windows import Window
-from airflow_eos.targets.kafka.client import LINEAGE_COLUMNS, check_topic
+from airflow_eos.targets.kafka.client import check_topic
 from airflow_eos.targets.postgres import staging as pg_staging
 from airflow_eos.targets.postgres.names import CHUNK_COLUMN, STAGING_SCHEMA, staging_ids
 from airflow_eos.targets.postgres.writer import StagingWriter

@@ -18,8 +18,6 @@ if TYPE_CHECKING:
     from psycopg import sql
 
 STAGING_SCHEMA = "eos_staging"
-WINDOW_COLUMNS = ("eos_pipeline", "eos_window_start")
-LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
 CHUNK_COLUMN = "eos_chunk"  # staging only: which writer transaction staged the row
 DEAD_LETTER_SUFFIX = "_dl"
 DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "error", "key", "value")

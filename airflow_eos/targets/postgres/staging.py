@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, Checkpoint
+from airflow_eos.core.columns import WINDOW_COLUMNS
 from airflow_eos.core.errors import InvalidCheckpoint, TargetError
 from airflow_eos.targets.postgres.names import (
     BOUND_CONSTRAINT,
@@ -24,7 +25,6 @@ from airflow_eos.targets.postgres.names import (
     PARTITION_PER_WINDOW,
     SEALED_TRIGGER,
     STAGING_SCHEMA,
-    WINDOW_COLUMNS,
     pg_message,
     staging_ids,
 )

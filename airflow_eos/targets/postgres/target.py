@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt, Checkpoint
+from airflow_eos.core.columns import LINEAGE_COLUMNS, WINDOW_COLUMNS
 from airflow_eos.core.database import connect, redact
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
@@ -78,13 +79,11 @@ from airflow_eos.targets.postgres.names import (
     CHUNK_COLUMN,
     DEAD_LETTER_COLUMNS,
     DEAD_LETTER_SUFFIX,
-    LINEAGE_COLUMNS,
     MODES,
     ON_COMMITTED,
     PARTITION_PER_WINDOW,
     SEALED_TRIGGER,
     STAGING_SCHEMA,
-    WINDOW_COLUMNS,
     parse_table_name,
     pg_message,
     quoted_if_needed,
