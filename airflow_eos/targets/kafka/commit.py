@@ -28,7 +28,7 @@ from airflow_eos.core.windows import TopicPartition, Window, to_utc
 from airflow_eos.targets.kafka import client
 from airflow_eos.targets.kafka.client import Marker
 from airflow_eos.targets.kafka.intent import KafkaIntents, resolve_aborted, resolve_committed
-from airflow_eos.targets.postgres.names import CHUNK_COLUMN, staging_ids
+from airflow_eos.staging.tables import CHUNK_COLUMN, staging_ids
 
 if TYPE_CHECKING:
     import psycopg

@@ -45,10 +45,12 @@ rows). Record-level pipelines should also keep the lineage columns
 was published exactly once. To the sink they are ordinary target columns.
 
 The package's modules, one job each: ``names`` (the table-name parser, the
-staging's identifiers, the reserved columns), ``shape`` (what the target table
-is, checked), ``staging`` (an attempt's staging tables and their seal),
-``writer`` (StagingWriter, the CSV encoding, dead letters) and ``publish`` (the
-commit's SQL per mode). This module holds the PostgresTarget: the spec and the
+modes), ``shape`` (what the target table is, checked), ``staging`` (an
+attempt's staging tables shaped like the target, and their seal) and
+``publish`` (the commit's SQL per mode). The staging tables' names, their
+writer (StagingWriter: COPY, its encoding, dead letters) and the refusals it
+reads are the shared staging's (:mod:`airflow_eos.staging`), which the Kafka
+target stages through too. This module holds the PostgresTarget: the spec and the
 sink, whose methods run each step's transaction and delegate to those.
 """
 
@@ -65,7 +67,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt, Checkpoint
 from airflow_eos.core.columns import LINEAGE_COLUMNS, WINDOW_COLUMNS
-from airflow_eos.core.database import connect, redact
+from airflow_eos.core.database import connect, pg_message, redact
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger, WindowState
@@ -73,25 +75,26 @@ from airflow_eos.core.sink import (ALREADY_COMMITTED, PUBLISHED, REPLACED, Commi
                                    skip_committed)
 from airflow_eos.core.target import DEFAULT_CONN_IDS, POSTGRES, ConnectionRef, TargetSpec, uri_part
 from airflow_eos.core.windows import Window
-from airflow_eos.targets.postgres import publish, shape, staging
-from airflow_eos.targets.postgres.names import (
-    BOUND_CONSTRAINT,
+from airflow_eos.staging.encoding import _csv
+from airflow_eos.staging.tables import (
     CHUNK_COLUMN,
     DEAD_LETTER_COLUMNS,
     DEAD_LETTER_SUFFIX,
+    STAGING_SCHEMA,
+    staging_ids,
+)
+from airflow_eos.staging.writer import StagingWriter
+from airflow_eos.targets.postgres import publish, shape, staging
+from airflow_eos.targets.postgres.names import (
+    BOUND_CONSTRAINT,
     MODES,
     ON_COMMITTED,
     PARTITION_PER_WINDOW,
     SEALED_TRIGGER,
-    STAGING_SCHEMA,
     parse_table_name,
-    pg_message,
     quoted_if_needed,
-    staging_ids,
     table_identifier,
 )
-from airflow_eos.targets.postgres.encoding import _csv
-from airflow_eos.targets.postgres.writer import StagingWriter
 
 # psycopg and pyarrow are imported by the functions that use them: a DAG file
 # builds a PostgresTarget at parse time, and parsing must not load them.

@@ -1,6 +1,7 @@
-"""The writer of the PostgreSQL target: what a Spark task runs to stage its
-rows (StagingWriter) and the dead-letter rows; the encoding COPY reads (binary
-when the staged types allow it, else CSV) is :mod:`.encoding`'s.
+"""The staging's writer: what a Spark task runs to stage its rows
+(StagingWriter) and the dead-letter rows into an attempt's staging tables, for
+every target that stages there (PostgreSQL, Kafka); the encoding COPY reads
+(binary when the staged types allow it, else CSV) is :mod:`.encoding`'s.
 
 A task COPYs its Arrow batches into the attempt's staging in one transaction
 tagged with a fresh chunk id, and returns the chunk's counts. A task that fails
@@ -22,11 +23,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.attempt import StagedChunk
-from airflow_eos.core.database import connect, redact
+from airflow_eos.core.database import connect, pg_message, redact
 from airflow_eos.core.errors import LedgerUnavailable, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import dead_letters_as_rows
-from airflow_eos.targets.postgres.encoding import (
+from airflow_eos.staging.encoding import (
     NUL_REFUSED,
     CopyFormat,
     column_types,
@@ -34,7 +35,7 @@ from airflow_eos.targets.postgres.encoding import (
     encoder_for,
     split_nul,
 )
-from airflow_eos.targets.postgres.names import CHUNK_COLUMN, STAGING_SCHEMA, pg_message, staging_ids
+from airflow_eos.staging.tables import CHUNK_COLUMN, STAGING_SCHEMA, staging_ids
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,7 +58,7 @@ class StagingWriter:
 
     Call :meth:`write` once per task with the task's Arrow batches; return the
     StagedChunk to Spark as the task's commit message; on job commit pass every
-    message's chunk to ``PostgresTarget.checkpoint``.
+    message's chunk to the sink's ``checkpoint``.
     """
 
     url: str
