@@ -127,6 +127,7 @@ class FileTarget(TargetSpec):
     replaced_retention: timedelta = DEFAULT_REPLACED_RETENTION
 
     kind: ClassVar[str] = "files"
+    id_scheme: ClassVar[str] = "files"
 
     def __post_init__(self) -> None:
         local_root(self.path)
@@ -165,6 +166,11 @@ class FileTarget(TargetSpec):
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> "FileTarget":
         return cls(**dict(fields))
+
+    @classmethod
+    def from_target_name(cls, name: str) -> "FileTarget":
+        """The root directory ``name``, as :attr:`target_id` writes it."""
+        return cls(path=name)
 
     def connections(self) -> tuple[ConnectionRef, ...]:
         return () if self.ledger_url else (ConnectionRef("ledger", POSTGRES, self.postgres_conn_id),)

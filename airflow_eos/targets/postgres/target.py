@@ -152,6 +152,7 @@ class PostgresTarget(TargetSpec, Sink):
     postgres_conn_id: str = DEFAULT_CONN_IDS[POSTGRES]
 
     kind: ClassVar[str] = "postgres"
+    id_scheme: ClassVar[str] = "postgresql"
 
     def __post_init__(self) -> None:
         if not self.table or not isinstance(self.table, str):
@@ -196,6 +197,11 @@ class PostgresTarget(TargetSpec, Sink):
         if fields.get("columns") is not None:
             fields["columns"] = tuple(fields["columns"])
         return cls(**fields)
+
+    @classmethod
+    def from_target_name(cls, name: str) -> "PostgresTarget":
+        """The table ``name`` (``schema.table`` as :attr:`target_id` writes it)."""
+        return cls(table=name)
 
     def connections(self) -> tuple[ConnectionRef, ...]:
         return () if self.url else (ConnectionRef("ledger", POSTGRES, self.postgres_conn_id),)
@@ -253,7 +259,7 @@ class PostgresTarget(TargetSpec, Sink):
         without a schema is taken to be in ``public``, where PostgreSQL's default
         search_path puts it. The database needs no naming: the ledger lives in it."""
         schema, table = parse_table_name(self.table)
-        return "postgresql:" + ".".join(quoted_if_needed(part) for part in (schema or "public", table))
+        return f"{self.id_scheme}:" + ".".join(quoted_if_needed(part) for part in (schema or "public", table))
 
     def claim_identity(self) -> str:
         """The table the name resolves to in the target database, as
@@ -264,7 +270,7 @@ class PostgresTarget(TargetSpec, Sink):
             found = shape.resolved_name(conn, self._target)
         if found is None:
             return self.target_id
-        return "postgresql:" + ".".join(quoted_if_needed(part) for part in found)
+        return f"{self.id_scheme}:" + ".".join(quoted_if_needed(part) for part in found)
 
     def sweeps_unclaimed(self, attempt: Attempt) -> bool:
         """Yes: a pipeline claimed for no target (planned by a version before
