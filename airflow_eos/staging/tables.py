@@ -21,7 +21,6 @@ CHUNK_COLUMN = "eos_chunk"  # which writer transaction staged the row
 # Each writer transaction sets eos.chunk; a staged row's chunk column defaults to it.
 CHUNK_DEFAULT = "current_setting('eos.chunk')::bigint"
 DEAD_LETTER_SUFFIX = "_dl"
-DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "error", "key", "value")
 
 
 def staging_ids(staging: str) -> tuple[sql.Identifier, sql.Identifier]:
@@ -68,5 +67,5 @@ def drop(conn: psycopg.Connection, staging: str) -> None:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
 
 
-__all__ = ["CHUNK_COLUMN", "CHUNK_DEFAULT", "DEAD_LETTER_COLUMNS", "DEAD_LETTER_SUFFIX", "STAGING_SCHEMA",
+__all__ = ["CHUNK_COLUMN", "CHUNK_DEFAULT", "DEAD_LETTER_SUFFIX", "STAGING_SCHEMA",
            "count_chunks", "create_dead_letters", "drop", "exists", "staging_ids"]

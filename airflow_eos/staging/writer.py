@@ -1,6 +1,6 @@
 """The staging's writer: what a Spark task runs to stage its rows
 (StagingWriter) and the dead-letter rows into an attempt's staging tables, for
-every target that stages there (PostgreSQL, Kafka); the encoding COPY reads
+every target that stages there; the encoding COPY reads
 (binary when the staged types allow it, else CSV) is :mod:`.encoding`'s.
 
 A task COPYs its Arrow batches into the attempt's staging in one transaction

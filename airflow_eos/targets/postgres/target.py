@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import COMMITTED, Attempt, Checkpoint
-from airflow_eos.core.columns import LINEAGE_COLUMNS, WINDOW_COLUMNS
+from airflow_eos.core.columns import DEAD_LETTER_COLUMNS, LINEAGE_COLUMNS, WINDOW_COLUMNS
 from airflow_eos.core.database import connect, pg_message, redact
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
@@ -78,7 +78,6 @@ from airflow_eos.core.windows import Window
 from airflow_eos.staging.encoding import _csv
 from airflow_eos.staging.tables import (
     CHUNK_COLUMN,
-    DEAD_LETTER_COLUMNS,
     DEAD_LETTER_SUFFIX,
     STAGING_SCHEMA,
     staging_ids,
