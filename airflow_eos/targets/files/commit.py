@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMMIT_FORMAT = "airflow-eos/files/1"
-LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
 # publication states (eos.publications, migration 7)
 DECIDED = "decided"
 PUBLISHED_STATE = "published"

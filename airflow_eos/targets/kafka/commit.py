@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
+from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.commit import Published, Settlement
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.windows import TopicPartition, Window, to_utc
+from airflow_eos.staging.tables import CHUNK_COLUMN, staging_ids
 from airflow_eos.targets.kafka import client
 from airflow_eos.targets.kafka.client import Marker
 from airflow_eos.targets.kafka.intent import KafkaIntents, resolve_aborted, resolve_committed
-from airflow_eos.targets.postgres.names import CHUNK_COLUMN, staging_ids
 
 if TYPE_CHECKING:
     import psycopg
@@ -261,7 +262,7 @@ class KafkaCommit(KafkaIntents):
         header_names = list(enumerate(self.header_columns, value_at + 1))
         h_topic, h_partition, h_offset = client.H_TOPIC, client.H_PARTITION, client.H_OFFSET
         rows_table, _ = staging_ids(attempt.staging)
-        lineage = [sql.SQL("convert_to({}::text, 'UTF8')").format(sql.Identifier(c)) for c in client.LINEAGE_COLUMNS]
+        lineage = [sql.SQL("convert_to({}::text, 'UTF8')").format(sql.Identifier(c)) for c in LINEAGE_COLUMNS]
         produced = 0
         with conn.cursor(name=f"eos_kafka_{attempt.epoch}", binary=True) as cur:
             cur.itersize = FETCH_ROWS

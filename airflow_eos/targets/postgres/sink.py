@@ -66,23 +66,22 @@ from typing import TYPE_CHECKING
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
 from airflow_eos.core.commit import Published, Settlement
-from airflow_eos.core.database import connect, redact
+from airflow_eos.core.database import connect, pg_message, redact
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.sink import ForeignRecord, Sink
 from airflow_eos.core.windows import Window
+from airflow_eos.staging.tables import STAGING_SCHEMA, staging_ids
+from airflow_eos.staging.writer import StagingWriter
 from airflow_eos.targets.postgres import publish, shape, staging
 from airflow_eos.targets.postgres.names import (
+    ID_SCHEME,
     PARTITION_PER_WINDOW,
-    STAGING_SCHEMA,
     parse_table_name,
-    pg_message,
     quoted_if_needed,
-    staging_ids,
     table_identifier,
 )
-from airflow_eos.targets.postgres.writer import StagingWriter
 
 # psycopg is imported by the functions that use it: a DAG file builds a
 # PostgresTarget (a PostgresSink) at parse time, and parsing must not load it.
@@ -135,7 +134,7 @@ class PostgresSink(Sink):
         without a schema is taken to be in ``public``, where PostgreSQL's default
         search_path puts it. The database needs no naming: the ledger lives in it."""
         schema, table = parse_table_name(self.table)
-        return "postgresql:" + ".".join(quoted_if_needed(part) for part in (schema or "public", table))
+        return f"{ID_SCHEME}:" + ".".join(quoted_if_needed(part) for part in (schema or "public", table))
 
     def claim_identity(self) -> str:
         """The table the name resolves to in the target database, as
@@ -146,7 +145,7 @@ class PostgresSink(Sink):
             found = shape.resolved_name(conn, self._target)
         if found is None:
             return self.target_id
-        return "postgresql:" + ".".join(quoted_if_needed(part) for part in found)
+        return f"{ID_SCHEME}:" + ".".join(quoted_if_needed(part) for part in found)
 
     def sweeps_unclaimed(self, attempt: Attempt) -> bool:
         """Yes: a pipeline claimed for no target (planned by a version before

@@ -15,23 +15,20 @@ from typing import Any, ClassVar
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.target import DEFAULT_CONN_IDS, POSTGRES, ConnectionRef, TargetSpec, uri_part
+from airflow_eos.core.columns import DEAD_LETTER_COLUMNS, LINEAGE_COLUMNS, WINDOW_COLUMNS
+from airflow_eos.staging.encoding import _csv
+from airflow_eos.staging.tables import CHUNK_COLUMN, DEAD_LETTER_SUFFIX, STAGING_SCHEMA
+from airflow_eos.staging.writer import StagingWriter
 from airflow_eos.targets.postgres.names import (
     BOUND_CONSTRAINT,
-    CHUNK_COLUMN,
-    DEAD_LETTER_COLUMNS,
-    DEAD_LETTER_SUFFIX,
-    LINEAGE_COLUMNS,
+    ID_SCHEME,
     MODES,
     ON_COMMITTED,
     PARTITION_PER_WINDOW,
     SEALED_TRIGGER,
-    STAGING_SCHEMA,
-    WINDOW_COLUMNS,
     parse_table_name,
 )
-from airflow_eos.targets.postgres.encoding import _csv
 from airflow_eos.targets.postgres.sink import PostgresSink
-from airflow_eos.targets.postgres.writer import StagingWriter
 
 # Importable from here as before the package was split (other modules, tests, bench).
 __all__ = [
@@ -77,6 +74,12 @@ class PostgresTarget(PostgresSink, TargetSpec):
     postgres_conn_id: str = DEFAULT_CONN_IDS[POSTGRES]
 
     kind: ClassVar[str] = "postgres"
+    id_scheme: ClassVar[str] = ID_SCHEME
+
+    @classmethod
+    def from_target_name(cls, name: str) -> "PostgresTarget":
+        """The table ``name`` (``schema.table`` as :attr:`target_id` writes it)."""
+        return cls(table=name)
 
     def __post_init__(self) -> None:
         if not self.table or not isinstance(self.table, str):
