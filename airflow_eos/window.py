@@ -80,7 +80,8 @@ def exactly_once_window(
     :param max_bad_records: records rejected into the dead-letter table before the window fails
     :param deferrable: plan and await_checkpoint wait in the triggerer, not a worker slot
     :param mirror_group_id: also commit offsets to this Kafka consumer group (for lag tools)
-    :param stage_kwargs: more SparkSubmitOperator arguments for the stage task
+    :param stage_kwargs: more arguments of the stage task: BaseOperator's, and the Spark provider's
+        SparkSubmitHook's (executor_memory, py_files, ...)
     """
     if not isinstance(source, KafkaSource):
         raise ConfigurationError(f"source must be a KafkaSource, not {type(source).__name__}")

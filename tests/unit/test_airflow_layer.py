@@ -50,8 +50,8 @@ def test_window_comes_from_the_data_interval_and_fields_are_templated():
     assert plan.window_start == "{{ data_interval_start }}" and plan.window_end == "{{ data_interval_end }}"
     assert {"pipeline", "topics", "window_start", "window_end"} <= set(plan.template_fields)
     stage = dag.get_task("window.stage")
-    assert {"plan", "transform", "application_args", "env_vars"} <= set(stage.template_fields)
-    assert stage.application.endswith("airflow_eos/spark/job.py")
+    assert {"plan", "transform", "conf", "env_vars", "py_files", "spark_submit_args"} <= set(stage.template_fields)
+    assert stage.spark_hook.application.endswith("airflow_eos/spark/job.py")
 
 
 def test_the_skew_rule_reaches_the_planner_and_its_trigger():
@@ -200,8 +200,8 @@ def test_the_stage_runs_on_spark_connect_when_its_connection_is_a_spark_connect_
     def stage(conn_id):
         return EosSparkStageOperator(task_id=f"s_{conn_id}", plan={}, source=SOURCE, target=TARGET, conn_id=conn_id)
 
-    assert stage("sc_t")._spark_connect_url == "sc://127.0.0.1:15002/;token=s3cret"
-    assert stage("spark_t")._spark_connect_url is None  # spark-submit, as before
+    assert stage("sc_t").spark_hook.spark_connect_url == "sc://127.0.0.1:15002/;token=s3cret"
+    assert stage("spark_t").spark_hook.spark_connect_url is None  # spark-submit, as before
 
 
 @pytest.mark.parametrize("transform, headline", [
