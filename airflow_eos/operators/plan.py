@@ -7,7 +7,7 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
 from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA, POSTGRES, TargetSpec, as_spec
 from airflow_eos.core.windows import WindowPlan
@@ -34,6 +34,7 @@ class EosPlanWindowOperator(BaseSensorOperator):
         skewed record, nothing is frozen; ``"position"``: the record does not
         close the window, it is published in the window of its offset (logged
         as a warning, the cut's ``how`` is ``skewed``)
+    :param deferrable: wait in the triggerer (default: Airflow's ``[operators] default_deferrable``)
     :param target: the window's target spec (e.g. PostgresTarget). The plan
         claims the pipeline for this DAG, its topics and this target in the
         ledger (the first plan claims; a plan from another DAG, for other topics
@@ -57,7 +58,7 @@ class EosPlanWindowOperator(BaseSensorOperator):
         idle_partition_grace: timedelta = timedelta(minutes=5),
         max_timestamp_skew: timedelta = DEFAULT_MAX_TIMESTAMP_SKEW,
         on_skewed_timestamp: str = ON_SKEWED_FAIL,
-        deferrable: bool = False,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poke_interval: float = 60,
         target: TargetSpec | None = None,
         **kwargs: Any,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
+import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -70,6 +72,29 @@ def test_waiting_steps_defer_or_reschedule():
     assert dag.get_task("window.plan").deferrable and dag.get_task("window.await_checkpoint").deferrable
     dag, _ = make_dag()
     assert dag.get_task("window.plan").mode == "reschedule"
+
+
+def test_the_waits_default_to_airflows_default_deferrable():
+    """``[operators] default_deferrable`` (read when the operators' module is
+    imported, as every provider's operators read it) makes plan and
+    await_checkpoint defer, in the task group and built by hand."""
+    code = """if True:
+        from airflow.sdk import DAG
+        from airflow_eos import KafkaSource, PostgresTarget, exactly_once_window
+        from airflow_eos.operators.eos import EosPlanWindowOperator
+        from airflow_eos.sensors.eos import EosCheckpointSensor
+        target = PostgresTarget(table="t")
+        with DAG("d", schedule=None) as dag:
+            exactly_once_window(pipeline="p", source=KafkaSource(topics=["a"]), target=target)
+            plan = EosPlanWindowOperator(task_id="plan", pipeline="p", topics=["a"])
+            sensor = EosCheckpointSensor(task_id="wait", target=target, attempt={})
+        print([dag.get_task(t).deferrable for t in ("window.plan", "window.await_checkpoint", "plan", "wait")])
+    """
+    for configured, expected in (("True", "[True, True, True, True]"), ("False", "[False, False, False, False]")):
+        env = {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": configured}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.strip().splitlines()[-1] == expected
 
 
 @pytest.mark.parametrize("kwargs, error", [
