@@ -115,7 +115,7 @@ def register_copy_sink(spark) -> None:
             import psycopg
             from psycopg import sql
 
-            from airflow_eos.targets.postgres.encoding import column_types, encoder_for
+            from airflow_eos.staging.encoding import column_types, encoder_for
 
             batches = (b.select(list(TARGET_COLUMNS)) for b in iterator if b.num_rows)
             first = next(batches, None)

@@ -114,7 +114,7 @@ def raw_copy(url: str, table, connections: int, meter: CpuMeter) -> tuple[int, f
     import pyarrow as pa
     from psycopg import sql
 
-    from airflow_eos.targets.postgres.encoding import column_types, encoder_for
+    from airflow_eos.staging.encoding import column_types, encoder_for
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {COPY_TABLE}")

@@ -15,8 +15,8 @@ from airflow_eos.embedded import PostgresServer
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
 from airflow_eos.examples.tables import PARTITIONED_ORDERS_TABLE_DDL
-from airflow_eos.targets.postgres import writer as writer_mod
-from airflow_eos.targets.postgres.encoding import CopyEncoder, CopyFormat, encoder_for
+from airflow_eos.staging import writer as writer_mod
+from airflow_eos.staging.encoding import CopyEncoder, CopyFormat, encoder_for
 from airflow_eos.targets.postgres.target import PostgresTarget
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000

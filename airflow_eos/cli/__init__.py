@@ -53,6 +53,7 @@ def parse_duration(text: str) -> timedelta:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``airflow-eos`` parser: one sub-command per function below."""
     with_kafka, postgres_only = connection_options(kafka=True), connection_options(kafka=False)
     output = output_option()
     parser = argparse.ArgumentParser(
@@ -62,9 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_status(sub, [with_kafka, output])
+    _add_verify(sub, [with_kafka, output])
+    _add_sweep(sub, [with_kafka])
+    _add_release(sub, [postgres_only])
+    _add_resolve(sub, [postgres_only])
+    _add_demo(sub)
+    return parser
 
+
+def _add_status(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """``status``: a pipeline's windows, attempts and offsets."""
     status = sub.add_parser(
-        "status", parents=[with_kafka, output], epilog=EXIT_CODES, help="windows, attempts and offsets of a pipeline",
+        "status", parents=parents, epilog=EXIT_CODES, help="windows, attempts and offsets of a pipeline",
         description="Show a pipeline's windows (state, epoch, attempts per state, published rows, dead letters, "
                     "commit time) and its committed partition offsets. With Kafka, also each partition's end "
                     "of log (read from the log, not the reported high watermark) and the lag behind it.")
@@ -73,8 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the latest N windows (default: %(default)s; 0 shows all)")
     status.set_defaults(run=cmd_status)
 
+
+def _add_verify(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """``verify``: prove a pipeline's target against Kafka."""
     check = sub.add_parser(
-        "verify", parents=[with_kafka, output], epilog=EXIT_CODES, help="prove a pipeline's target against Kafka",
+        "verify", parents=parents, epilog=EXIT_CODES, help="prove a pipeline's target against Kafka",
         description="Read every committed window's planned ranges from Kafka and prove each record is published "
                     "exactly once in the target (through the lineage columns eos_topic, eos_partition, "
                     "eos_offset) or is a dead letter of the window; no row without a record; row counts and "
@@ -111,8 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "0 shows all); windows with violations are always shown")
     check.set_defaults(run=cmd_verify)
 
+
+def _add_sweep(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """``sweep``: abort attempts left open too long."""
     sweep = sub.add_parser(
-        "sweep", parents=[with_kafka], epilog=EXIT_CODES, help="abort attempts left open too long (zombies)",
+        "sweep", parents=parents, epilog=EXIT_CODES, help="abort attempts left open too long (zombies)",
         description="Abort every attempt still open, checkpointed or prepared that was opened longer ago than "
                     "--older-than, and drop its staging. Its window stays planned and can run again. The "
                     "duration must exceed the longest stage-to-commit time of a healthy run. Each target "
@@ -136,8 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "change nothing")
     sweep.set_defaults(run=cmd_sweep)
 
+
+def _add_release(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """``release``: forget a pipeline's claim."""
     release = sub.add_parser(
-        "release", parents=[postgres_only], epilog=EXIT_CODES,
+        "release", parents=parents, epilog=EXIT_CODES,
         help="forget which DAG, topics and target own a pipeline",
         description="A pipeline's first plan claims it for its DAG, its topics and its target; every later plan "
                     "must match, so that a second DAG with the same pipeline id, or a second pipeline sending "
@@ -148,8 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("--pipeline", required=True, help="the pipeline id")
     release.set_defaults(run=cmd_release)
 
+
+def _add_resolve(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    """``resolve``: a person's answer for a Kafka-target commit nobody can settle."""
     settle = sub.add_parser(
-        "resolve", parents=[postgres_only], epilog=EXIT_CODES,
+        "resolve", parents=parents, epilog=EXIT_CODES,
         help="answer for a Kafka-target commit nobody can settle any more",
         description="A Kafka-target commit that died after its Kafka transaction began, whose window's marker "
                     "(consumer-group offsets) Kafka has since expired and whose records in the topic were "
@@ -167,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     answer.add_argument("--aborted", action="store_true", help="the transaction aborted")
     settle.set_defaults(run=cmd_resolve)
 
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    """``demo``: the example pipeline end to end on embedded services."""
     demo = sub.add_parser(
         "demo", help="run the example pipeline end to end on embedded services (what `make demo` runs)",
         description="Start a throwaway PostgreSQL and an Apache Kafka broker on 127.0.0.1, produce "
@@ -177,8 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default ~/.cache/airflow-eos/kafka-<version>; `make setup` fetches them with Maven).")
     demo.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
     demo.set_defaults(run=lambda args, out: _demo())
-
-    return parser
 
 
 def _demo() -> int:

@@ -9,10 +9,14 @@ from typing import Any, TextIO
 from airflow_eos.cli.connections import OK, Connections, resolve
 from airflow_eos.cli.output import table, when
 from airflow_eos.cli.status import require_ledger
-from airflow_eos.cli.targets import UnknownTarget, spec_for
+from airflow_eos.cli.targets import UnknownTarget, bound, spec_for
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.sweep import SweepReport, sweep_report
-from airflow_eos.targets.postgres.target import PostgresTarget
+from airflow_eos.core.target import legacy_target
+
+# What the sink of pipelines claimed for no target is named by: its sweep never
+# reads its target, only the ledger and the staging.
+UNCLAIMED = "eos.windows"
 
 
 def cmd_sweep(args, out: TextIO) -> int:
@@ -27,15 +31,15 @@ def cmd_sweep(args, out: TextIO) -> int:
         claimed = dict(conn.execute("SELECT pipeline, target FROM eos.pipelines WHERE target IS NOT NULL")
                        .fetchall()) if claims else {}
     # Each target's sink sweeps its own pipelines' attempts (a sink can drop
-    # only its own staging). Aborting never reads a PostgreSQL target's table,
-    # so the one for pipelines claimed for no target may name any table.
+    # only its own staging). Pipelines claimed for no target (planned before
+    # claims) are the legacy kind's (core.target.LEGACY_KIND), like --table.
     if args.table:
-        sinks = [PostgresTarget(url, args.table)]
+        sinks = [bound(legacy_target(args.table), conns).sink()]
     else:
         sinks, unknown = _sweep_sinks(sorted(set(claimed.values())), conns)
         for target, why in unknown:
             print(f"not swept: target {target} ({why})", file=out)
-        sinks.append(PostgresTarget(url, "eos.windows"))  # pipelines claimed for no target
+        sinks.append(bound(legacy_target(UNCLAIMED), conns).sink())
     reports = [sweep_report(sink, args.older_than, now=now, dry_run=args.dry_run) for sink in sinks]
     scope = f"of target {sinks[0].target_id} " if args.table else ""
     if all(r.empty for r in reports):

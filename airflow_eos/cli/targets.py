@@ -1,6 +1,7 @@
 """A pipeline's target as the ledger records it (its claim's target identity,
 e.g. ``postgresql:analytics.orders``), turned back into a bound target spec
-for ``verify`` and ``sweep``."""
+for ``verify`` and ``sweep``: the target registry (core/target.py) builds the
+spec of an identity, and the CLI binds its connections."""
 
 from __future__ import annotations
 
@@ -8,10 +9,7 @@ from typing import Any
 
 from airflow_eos.cli.connections import Connections, UsageError
 from airflow_eos.core.ledger import Ledger
-from airflow_eos.core.target import TargetSpec, target_from_dict
-
-# The prefix of a target identity -> the target kind whose spec it names.
-KIND_OF_SCHEME = {"postgresql": "postgres", "files": "files", "kafka": "kafka"}
+from airflow_eos.core.target import KAFKA, POSTGRES, TargetSpec, spec_of_target_id
 
 
 class UnknownTarget(Exception):
@@ -58,25 +56,38 @@ def named_target(args: Any, conns: Connections) -> str | None:
 def spec_for(target_id: str, conns: Connections) -> TargetSpec:
     """The bound spec of a recorded target identity, its ledger this database.
     Raises UnknownTarget when it cannot be built."""
-    scheme, _, name = target_id.partition(":")
-    kind = KIND_OF_SCHEME.get(scheme)
-    fields: dict[str, Any] = {"kind": kind}
-    if kind == "postgres":
-        fields.update(table=name, url=conns.postgres_url)
-    elif kind == "files":
-        fields.update(path=name, ledger_url=conns.postgres_url)
-    elif kind == "kafka":
-        conn_id, _, topic = name.partition("/")
-        try:
-            config = conns.target_kafka_config(conn_id)
-        except UsageError as exc:
-            raise UnknownTarget(str(exc)) from None
-        if config is None:
-            raise UnknownTarget(f"its cluster is not given: pass --kafka-conn-id {conn_id} with its "
-                                "--kafka-bootstrap or --kafka-config, or --postgres-conn-id to read the Airflow "
-                                f"connection {conn_id!r}")
-        fields.update(topic=topic, kafka_conn_id=conn_id, ledger_url=conns.postgres_url, kafka_config=config)
-    else:
+    spec = spec_of_target_id(target_id)
+    if spec is None:
         raise UnknownTarget("airflow-eos cannot build its sink from its identity; use the Python API "
                             "(airflow_eos.verify.verify, Sink.sweep) with the target's spec")
-    return target_from_dict(fields)
+    return bound(spec, conns)
+
+
+def bound(spec: TargetSpec, conns: Connections) -> TargetSpec:
+    """``spec`` with the CLI's connections: this database for each PostgreSQL
+    one (the ledger's, which a target's data shares or sits beside), the
+    cluster given for each Kafka one. Raises UnknownTarget when one is not
+    given."""
+    values: dict[str, Any] = {}
+    for ref in spec.connections():
+        if ref.conn_type == POSTGRES:
+            values[ref.role] = conns.postgres_url
+        elif ref.conn_type == KAFKA:
+            values[ref.role] = _kafka_config(ref.conn_id, conns)
+        else:
+            raise UnknownTarget(f"it needs the connection {ref.conn_id!r} of type {ref.conn_type!r}, which the "
+                                "CLI cannot resolve")
+    return spec.bind(values)
+
+
+def _kafka_config(conn_id: str, conns: Connections) -> dict[str, Any]:
+    """The configuration of the cluster the Kafka connection ``conn_id`` names."""
+    try:
+        config = conns.target_kafka_config(conn_id)
+    except UsageError as exc:
+        raise UnknownTarget(str(exc)) from None
+    if config is None:
+        raise UnknownTarget(f"its cluster is not given: pass --kafka-conn-id {conn_id} with its "
+                            "--kafka-bootstrap or --kafka-config, or --postgres-conn-id to read the Airflow "
+                            f"connection {conn_id!r}")
+    return config

@@ -186,6 +186,13 @@ def load_status(conn: psycopg.Connection, attempt: Attempt, *, lock: bool = Fals
     return AttemptStatus(attempt.epoch, AttemptState(state), *attempt_rest, WindowState(window_state), *window_rest)
 
 
+def load_state(conn: psycopg.Connection, attempt: Attempt) -> AttemptState | None:
+    """The attempt's state, None if the ledger has no such attempt."""
+    row = conn.execute("SELECT state FROM eos.attempts WHERE pipeline = %s AND window_start = %s AND epoch = %s",
+                       (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
+    return None if row is None else AttemptState(row[0])
+
+
 def check_current(attempt: Attempt, status: AttemptStatus, doing: str) -> None:
     """Refuse to move an attempt that is closed or fenced."""
     if status.state in (COMMITTED, ABORTED):

@@ -6,7 +6,8 @@ Every connection the package opens goes through :func:`connect` (or
 that may hold a connection string — an error, a log line, a ``repr`` — goes
 through :func:`redact`. libpq echoes the conninfo it could not parse (``missing
 "=" after "postgresql+psycopg2://user:PASSWORD@…"``), so a driver's message is
-redacted as well, knowing the URL it was given.
+redacted as well, knowing the URL it was given. :func:`pg_message` gives the
+server's own words for an error.
 
 URL forms accepted (see :func:`libpq_url`): libpq URLs (``postgresql://``,
 ``postgres://``), libpq key=value conninfo, SQLAlchemy URLs as Airflow shows them
@@ -71,6 +72,15 @@ def redact(text: str, url: str | None = None) -> str:
     for secret in sorted(_secrets(url), key=len, reverse=True) if url else ():
         text = text.replace(secret, MASK)
     return text
+
+
+def pg_message(exc: psycopg.Error) -> str:
+    """The server's words for an error, including where (COPY line and column)
+    when it says."""
+    diag = exc.diag
+    text = diag.message_primary or str(exc)
+    extra = [d for d in (diag.message_detail, diag.message_hint, diag.context) if d]
+    return text + (" (" + "; ".join(x.strip() for x in extra) + ")" if extra else "")
 
 
 def _secrets(url: str) -> set[str]:

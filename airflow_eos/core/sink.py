@@ -11,10 +11,13 @@ A window's life through a sink (airflow_eos/steps.py calls these)::
     sink.commit(attempt)                  # idempotent; says what it did
     sink.abort(attempt, reason)           # or abort_window / sweep
 
-The target-independent protocol (epochs, checkpoints, prepare's checks, ledger
-states) lives in :mod:`airflow_eos.core.attempt`; a sink supplies its staging,
-its writer, a count of what is staged, the commit and the abort. A target's
-serialisable spec (core/target.py) builds its sink.
+The target-independent protocol lives in the core: epochs, checkpoints,
+prepare's checks and ledger states in :mod:`airflow_eos.core.attempt`, the
+commit and abort sequences in :mod:`airflow_eos.core.commit`. A sink is the
+small roles of :mod:`airflow_eos.core.roles` together: it supplies its
+staging, its writer, a count of what is staged, and the committer hooks
+(:class:`~airflow_eos.core.commit.Committer`) that make its publication
+atomic. A target's serialisable spec (core/target.py) builds its sink.
 
 The contract every sink keeps, whatever Airflow does (retries, clears, zombies):
 
@@ -37,78 +40,30 @@ The contract every sink keeps, whatever Airflow does (retries, clears, zombies):
 
 from __future__ import annotations
 
-import logging
-from abc import ABC, abstractmethod
-from enum import Enum
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterable, Iterator, Mapping
 
-from airflow_eos.core import attempt as attempts
-from airflow_eos.core.attempt import Attempt, Checkpoint, ConsumedRange, Readiness, StagedChunk
+# The commit's outcome and result, importable from here as before the protocol had a module of its own.
+from airflow_eos.core.commit import (  # noqa: F401
+    ALREADY_COMMITTED,
+    PUBLISHED,
+    REPLACED,
+    SKIPPED,
+    CommitOutcome,
+    CommitResult,
+    Committer,
+)
 from airflow_eos.core.errors import TargetError
-from airflow_eos.core.faults import fault_point
-from airflow_eos.core.ledger import Ledger, WindowRecord, WindowState
-from airflow_eos.core.windows import TopicPartition, Window
-
-log = logging.getLogger(__name__)
-
-class CommitOutcome(str, Enum):
-    """What a commit did (a str: it travels in XCom and Asset events as its value)."""
-
-    PUBLISHED = "published"  # the window's rows were published for the first time
-    REPLACED = "replaced"  # the window was committed before; its rows were replaced (on_committed="replace")
-    ALREADY_COMMITTED = "already_committed"  # this attempt committed before: a retried commit, nothing done
-    SKIPPED = "skipped"  # another attempt committed the window; on_committed="skip": nothing done
-
-    def __str__(self) -> str:
-        return self.value
-
-
-PUBLISHED = CommitOutcome.PUBLISHED
-REPLACED = CommitOutcome.REPLACED
-ALREADY_COMMITTED = CommitOutcome.ALREADY_COMMITTED
-SKIPPED = CommitOutcome.SKIPPED
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    attempt: Attempt
-    outcome: CommitOutcome
-    committed_epoch: int  # the epoch whose rows the target holds now
-    published_rows: int  # rows of the window in the target, as recorded when it was committed
-    dead_letter_rows: int
-    replaced_rows: int = 0  # rows of the window deleted by a replace
-    # The pipeline's offsets after this commit; for a no-op (already committed,
-    # skipped) the offsets as they are, so a retry can still mirror them.
-    offsets: Mapping[TopicPartition, int] | None = None
-    seconds: float = 0.0
-
-    @property
-    def changed(self) -> bool:
-        return self.outcome in (PUBLISHED, REPLACED)
-
-    def __str__(self) -> str:
-        if self.outcome == ALREADY_COMMITTED:
-            return f"{self.attempt}: committed before ({self.published_rows} rows); nothing to do"
-        if self.outcome == SKIPPED:
-            return (f"{self.attempt}: the window was committed before by attempt {self.committed_epoch} "
-                    f"({self.published_rows} rows); on_committed='skip', nothing published")
-        replaced = f", replacing {self.replaced_rows} rows" if self.outcome == REPLACED else ""
-        return (f"{self.attempt}: published {self.published_rows} rows and {self.dead_letter_rows} dead letters"
-                f"{replaced} in {self.seconds:.2f}s")
-
-
-@dataclass(frozen=True)
-class SparkOutput:
-    """Where the stage job writes an attempt's rows with Spark's own writer
-    (JVM side: no Python hop per row), for a sink that takes files (see
-    :meth:`Sink.spark_output`)."""
-
-    data: str  # a directory URL: the rows, as Parquet (df.write.mode("append").parquet)
-    dead_letters: str  # a directory URL: the dead letters, as Parquet with DEAD_LETTER_SCHEMA
-    reserved: tuple[str, ...] = ()  # columns the target gives readers itself: dropped from the rows
-
+from airflow_eos.core.roles import (  # noqa: F401 - SparkOutput and ForeignRecord: importable from here
+    Audited,
+    Checkpointer,
+    ForeignRecord,
+    Preparer,
+    SparkOutput,
+    SparkWriting,
+    Stager,
+    Sweeper,
+    TaskWriting,
+)
 
 # The columns (and Spark types) of a dead letter written as Parquet: its source
 # record, the error, and the raw record.
@@ -130,283 +85,7 @@ def dead_letters_as_rows(dead_letters: Iterable) -> Iterator[tuple]:
             yield (r["topic"], int(r["partition"]), int(r["offset"]), str(r["error"]), r.get("key"), r.get("value"))
 
 
-def skip_committed(conn, attempt: Attempt, status) -> CommitResult:
-    """on_committed='skip' for a window another attempt committed: end this
-    attempt (aborted, saying why) and report the committed one's counts and
-    the pipeline's offsets, in the commit's transaction. The caller drops
-    its staging."""
-    attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch};"
-                                         " on_committed='skip'")
-    result = CommitResult(attempt, SKIPPED, status.committed_epoch, status.published_rows,
-                          status.dead_letter_rows, offsets=attempts.load_offsets(conn, attempt.pipeline))
-    log.info("%s", result)
-    return result
-
-
-@dataclass(frozen=True)
-class ForeignRecord:
-    """A row or record of a target that its readers see and that verify cannot
-    attribute to the audited pipeline's committed windows (see
-    :meth:`Sink.unattributed`): ``where`` it is in the target (``topic out
-    partition 2 offset 17``), ``why`` it is foreign (who wrote it, where the
-    lineage says so), and its source record where the lineage names one."""
-
-    where: str
-    why: str
-    topic: str | None = None
-    partition: int | None = None
-    offset: int | None = None
-    rows: int | None = 1  # the target's rows it stands for (a file's row count; None: unreadable)
-
-
-class Sink(ABC):
-    """A two-phase-commit target. Subclasses keep the ledger in ``self.ledger``."""
-
-    ledger: Ledger
-
-    @property
-    def target_id(self) -> str:
-        """The target's identity in the ledger: the string the plans of its
-        pipelines claim them with (``eos.pipelines.target``, see
-        core/ownership.py), equal to the ``target_id`` of the spec that built
-        the sink (``PostgresTarget.target_id``: ``postgresql:schema.table``;
-        ``FileTarget.target_id``: ``files:/root``). One ledger database serves
-        many targets: :meth:`sweep` aborts only attempts of the pipelines
-        claimed for this id (and those :meth:`sweeps_unclaimed` accepts). A
-        sink that does not name it cannot sweep."""
-        raise NotImplementedError(f"{type(self).__name__} names no target_id: its sweep cannot tell its pipelines "
-                                  "from other targets'")
-
-    @property
-    def target_aliases(self) -> tuple[str, ...]:
-        """Other ids this target may be claimed under (see
-        ``TargetSpec.target_aliases``): its sweep takes their pipelines too."""
-        return ()
-
-    def claim_identity(self) -> str:
-        """The physical thing this sink publishes into, as a pipeline's claim
-        records it beside :attr:`target_id` (``eos.pipelines.target_place``):
-        two pipelines whose targets resolve to one identity share a target
-        (core/ownership.py), whichever connection ids their specs name. Resolved
-        at run time (the plan), where the connections are; may ask the target
-        (a Kafka target asks its cluster for its id). By default
-        :attr:`target_id`, for targets whose id already names the thing."""
-        return self.target_id
-
-    def sweeps_unclaimed(self, attempt: Attempt) -> bool:
-        """May :meth:`sweep` abort ``attempt``, a stale attempt of a pipeline
-        claimed for no target (no claim: planned by a version before claims,
-        or released; or a claim without a target: a plan that named none)?
-        Such an attempt may be any target's, and aborting another target's
-        attempt loses track of its staging (its teardown finds nothing live to
-        drop), so a sink says yes only when it knows the attempt is its own,
-        or (PostgreSQL, as before targets were told apart) when it is the
-        target such pipelines are taken to publish into. False by default:
-        they are left to their own target's sweep."""
-        return False
-
-    @property
-    def replaces_committed(self) -> bool:
-        """Does committing another attempt of a committed window replace it
-        (``on_committed="replace"``)? False (the default, ``skip``): it would
-        publish nothing, so :meth:`committed_rerun` lets the stage step skip
-        the job altogether. Targets that can replace say when."""
-        return False
-
-    def committed_rerun(self, window: Window) -> WindowRecord | None:
-        """The window's ledger row when it is committed and this target skips a
-        rerun of it: a Clear of a committed window then opens no attempt and
-        runs no Spark job (it would be thrown away at the commit). None when
-        a run must stage: not committed yet, ``replace``, or a commit step that
-        died before its end (not announced: see ``steps.commit``). A commit that
-        lands after this check is the next run's to see; an attempt staged
-        meanwhile is skipped at its commit as before."""
-        if self.replaces_committed:
-            return None
-        with self.ledger.connect() as conn:
-            record = self.ledger.window(conn, window)
-        if record is None or record.state != WindowState.COMMITTED:
-            return None
-        # A commit that died before its step ended may not have told Airflow (no Asset event): let the rerun
-        # commit (skipped), as before, rather than leave the window unannounced.
-        return record if record.announced_epoch == record.committed_epoch else None
-
-    @abstractmethod
-    def begin(self, window: Window) -> Attempt:
-        """Open a new attempt of a planned window (a new epoch, fencing older
-        attempts) and create its empty staging."""
-
-    @abstractmethod
-    def writer(self, attempt: Attempt):
-        """A picklable object that Spark tasks use to stage rows; each of its
-        writes returns a StagedChunk for the job commit."""
-
-    def spark_output(self, attempt: Attempt) -> SparkOutput | None:
-        """Where the stage job writes the attempt's rows with Spark's own writer
-        (JVM side, no Python hop per row), or None (the default): the job hands
-        Arrow batches to :meth:`writer` in its write tasks.
-
-        A sink that names an output has the job, for each run of the attempt:
-        call :meth:`clear_writes`; write the good rows (lineage columns kept,
-        ``reserved`` ones dropped) with ``write.mode("append").parquet(data)``
-        and the dead letters into ``dead_letters``; then call
-        :meth:`checkpoint` with what the read tasks consumed and
-        :meth:`staged_chunks`."""
-        return None
-
-    def clear_writes(self, attempt: Attempt) -> int:
-        """Delete what earlier runs of the stage job left in the attempt's
-        :meth:`spark_output` (a sink that names one implements it)."""
-        raise NotImplementedError(f"{type(self).__name__} names no spark_output")
-
-    def staged_chunks(self, attempt: Attempt) -> list[StagedChunk]:
-        """The chunks the Spark job's own writer left in :meth:`spark_output`,
-        for the checkpoint (a sink that names one implements it)."""
-        raise NotImplementedError(f"{type(self).__name__} names no spark_output")
-
-    def not_null_columns(self, columns: Sequence[str]) -> list[str]:
-        """Those of ``columns`` the target refuses a null in: the stage job
-        makes a row with a null there a dead letter. None by default."""
-        return []
-
-    def checkpoint(self, attempt: Attempt, consumed: Iterable[ConsumedRange],
-                   chunks: Iterable[StagedChunk]) -> Checkpoint:
-        """Record what the job consumed and staged (called on Spark's job commit
-        with the chunks of the successful tasks)."""
-        fault_point("stage.before_checkpoint")
-        checkpoint = attempts.make_checkpoint(consumed, chunks)
-        with self.ledger.connect() as conn, conn.transaction():
-            attempts.write_checkpoint(conn, attempt, checkpoint)
-            self.seal(conn, attempt, checkpoint)
-        return checkpoint
-
-    def seal(self, conn, attempt: Attempt, checkpoint: Checkpoint) -> None:
-        """Make the staging ready to publish, in the checkpoint's transaction
-        (so a seal that fails leaves no checkpoint, and the stage fails): work
-        that would otherwise weigh on the commit. Nothing by default."""
-
-    def prepare(self, attempt: Attempt) -> Readiness:
-        """The barrier: see :func:`airflow_eos.core.attempt.prepare`."""
-        return attempts.prepare(self.ledger, attempt, self.staging_problems)
-
-    def staging_problems(self, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
-        """Where the staging differs from ``checkpoint`` (prepare's check): by
-        default it is counted chunk by chunk. A sink whose seal verified the
-        staging against the checkpoint, and whose writers cannot add to it
-        afterwards, may check less."""
-        return attempts.chunk_problems(checkpoint.chunks, self.count_staged(attempt), attempt.staging)
-
-    @abstractmethod
-    def count_staged(self, attempt: Attempt) -> Mapping[int, tuple[int, int]] | None:
-        """chunk -> (rows, dead letters) present in the staging; None if it is gone."""
-
-    @abstractmethod
-    def commit(self, attempt: Attempt) -> CommitResult:
-        """Publish a prepared attempt atomically with the pipeline's offsets.
-
-        Must be idempotent: the same attempt may be committed again after
-        success (a retried task: ALREADY_COMMITTED, nothing done), after a crash
-        anywhere inside this method (finish what was decided, or decide now),
-        and concurrently with another commit of the same or another attempt of
-        the window (one wins; the other sees its outcome). A window committed
-        by another attempt is SKIPPED or REPLACED as the target's
-        ``on_committed`` says, never published twice. Raises AttemptFenced for
-        a fenced attempt, NotPrepared if the staging no longer matches its
-        checkpoint, and never leaves the target half-published."""
-
-    @abstractmethod
-    def abort(self, attempt: Attempt, reason: str) -> bool:
-        """Drop the attempt's staging and mark it aborted (False if it had ended).
-        The window stays planned and can be run again."""
-
-    def abort_window(self, window: Window, reason: str) -> list[Attempt]:
-        """Abort every live attempt of a window (the abort task of a failed run)."""
-        with self.ledger.connect() as conn, conn.transaction():
-            live = attempts.live_attempts(conn, window=window)
-        return [a for a in live if self.abort(a, reason)]
-
-    def stale_attempts(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
-        """What :meth:`sweep` would abort now: this target's live attempts
-        opened longer than ``older_than`` ago, oldest first, those of the
-        pipelines claimed for :attr:`target_id` and those of pipelines claimed
-        for no target that :meth:`sweeps_unclaimed` accepts."""
-        cutoff = (now or datetime.now(timezone.utc)) - older_than
-        targets = {self.target_id, *self.target_aliases}
-        with self.ledger.connect() as conn, conn.transaction():
-            stale = attempts.stale_attempts(conn, cutoff, claims=self.ledger.records_claims(conn))
-        return [a for a, claimed in stale if claimed in targets or (claimed is None and self.sweeps_unclaimed(a))]
-
-    def pending_publications(self) -> list[Attempt]:
-        """The committed attempts of windows whose commit was decided but not
-        completed, which :meth:`sweep` finishes (a file target: decided, not
-        yet renamed into place), oldest first. None by default: a target whose
-        decision and publication are one transaction has none."""
-        return []
-
-    def sweep_finishes(self, attempt: Attempt) -> bool:
-        """Would :meth:`sweep` record ``attempt`` (one of
-        :meth:`stale_attempts`) as committed rather than abort it? A target
-        whose commit is decided outside the ledger (a Kafka transaction) says
-        so, from what it can read without changing anything; False by
-        default. For a dry run: :func:`airflow_eos.core.sweep.sweep_report`."""
-        return False
-
-    def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
-        """Abort this target's attempts left live longer than ``older_than``
-        (zombies nobody aborted; see :meth:`stale_attempts`). Attempts of
-        pipelines claimed for another target are left to that target's sweep:
-        this sink could not drop their staging. The timeout must exceed the
-        longest stage-to-commit time of a healthy run. Returns what was
-        aborted; an attempt that cannot be aborted now (its staging locked by
-        a writer) is logged and left for next time."""
-        mine = self.stale_attempts(older_than, now=now)
-        swept = []
-        for a in mine:
-            try:
-                if self.abort(a, f"swept: live for longer than {older_than}"):
-                    swept.append(a)
-            except Exception as exc:  # noqa: BLE001 - one stuck attempt must not stop the sweep
-                log.warning("sweep could not abort %s now: %s", a, exc)
-        log.info("sweep of %s aborted %d of its %d attempts live for longer than %s", self.target_id, len(swept),
-                 len(mine), older_than)
-        return swept
-
-    def unattributed(self, conn, pipeline: str, topics: Sequence[str]) -> Iterator[ForeignRecord]:
-        """What ``verify`` reads beyond :meth:`published_relation`: the WHOLE
-        target as its readers see it (a Kafka topic read with
-        ``isolation.level=read_committed``), yielding every row or record there
-        that cannot be attributed to ``pipeline``'s committed windows and that
-        concerns it: one written by no airflow-eos pipeline (a foreign writer),
-        one another pipeline published from one of ``topics`` (this pipeline's
-        source topics: the same records twice). Rows of other pipelines with
-        other topics are theirs, not foreign. ``conn`` is verify's connection
-        to the ledger's database (its snapshot). Each is a violation.
-
-        By default nothing: for a target whose readers see no more than
-        :meth:`published_relation` holds (it gives the whole target)."""
-        return iter(())
-
-    def published_relation(self, conn, pipeline: str, columns: tuple[str, ...] = ()):
-        """What ``verify`` audits: a relation (a psycopg ``sql.Composable``
-        naming a table, or a parenthesized query) readable in ``conn``, a
-        connection to the ledger's database inside the audit's repeatable-read
-        transaction, holding every row this target published for ``pipeline``,
-        with the columns
-
-        - ``eos_pipeline``, ``eos_window_start``: the row's window (required:
-          raise TargetError, saying why, if the target does not keep them);
-        - ``eos_topic``, ``eos_partition``, ``eos_offset``: the row's source
-          record, all three where the target keeps lineage, else none (verify
-          then audits counts per window only);
-        - those of ``columns`` (e.g. verify's count column) that it has.
-
-        Rows of other pipelines may be there too (verify selects its
-        pipeline's). Composed into verify's queries, it must read the target as
-        of the connection's snapshot, so that a commit running meanwhile is seen
-        wholly or not at all: a target in the ledger's database names its table;
-        a file target loads its published files into a temp table (ON COMMIT
-        DROP) and names it; a Kafka target likewise loads its published records.
-        Not implemented by default: such a target cannot be verified.
-        """
-        raise NotImplementedError(f"verify cannot read what {self!r} published: {type(self).__name__} does not "
-                                  "implement Sink.published_relation")
+class Sink(Stager, TaskWriting, SparkWriting, Checkpointer, Preparer, Sweeper, Audited):
+    """A two-phase-commit target: every role of :mod:`airflow_eos.core.roles`
+    (and so the :class:`~airflow_eos.core.commit.Committer`). Subclasses keep
+    the ledger in ``self.ledger``; each role's docstring says its contract."""

@@ -10,11 +10,14 @@ can be read, and :meth:`TargetSpec.bind` returns the spec with those values,
 from which :meth:`TargetSpec.sink` builds the runtime
 :class:`~airflow_eos.core.sink.Sink`.
 
-Operators, the sensor, the triggers, the steps and ``verify`` know only this
-interface; no ``isinstance`` on a concrete target outside its own package. A new
-target is a package under ``airflow_eos/targets/`` with a spec class whose
-``kind`` is registered below (or by a third-party package, under the entry
-point group ``airflow_eos.targets``).
+Operators, the sensor, the triggers, the steps, ``verify`` and the CLI know
+only this interface and this registry; no ``isinstance`` on a concrete target,
+no kind named, outside its own package. A new target is a package under
+``airflow_eos/targets/`` with a spec class whose ``kind`` is registered below
+(or by a third-party package, under the entry point group
+``airflow_eos.targets``). The registry finds a spec class by its kind
+(:func:`spec_class`, :func:`target_from_dict`) or by the scheme of a target
+identity as a pipeline's claim records it (:func:`spec_of_target_id`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ BUILTIN_KINDS = {
     "kafka": "airflow_eos.targets.kafka:KafkaTarget",
 }
 ENTRY_POINT_GROUP = "airflow_eos.targets"
+# Before specs carried their kind, every target was a PostgreSQL table: a spec
+# dict without "kind" (in a trigger or a job environment written then) is of
+# this kind, and so is a bare name where a target is expected (verify's table
+# name) and a pipeline claimed for no target (planned before claims).
+LEGACY_KIND = "postgres"
 
 # The connection types the hook layer knows how to resolve, and into what.
 POSTGRES = "postgres"  # -> a libpq URL (the ledger always lives in a PostgreSQL database)
@@ -64,6 +72,17 @@ class TargetSpec(ABC):
     """
 
     kind: ClassVar[str]
+    # The prefix of the kind's target_id ("postgresql" of postgresql:analytics.orders);
+    # None: its specs cannot be built back from their identity (from_target_name).
+    id_scheme: ClassVar[str | None] = None
+
+    @classmethod
+    def from_target_name(cls, name: str) -> "TargetSpec":
+        """The unbound spec of the target whose :attr:`target_id` is
+        ``<id_scheme>:<name>``, its connections the ones the identity names
+        or the defaults: how the CLI turns a pipeline's claim back into its
+        target. Only for a kind with an ``id_scheme``."""
+        raise ConfigurationError(f"a {cls.kind!r} target cannot be built from its identity: give its spec")
 
     @abstractmethod
     def to_dict(self) -> dict[str, Any]:
@@ -167,14 +186,45 @@ def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def registered_kinds() -> list[str]:
+    """Every target kind a spec can name: the package's own and those other
+    distributions register under :data:`ENTRY_POINT_GROUP`."""
+    return sorted({*BUILTIN_KINDS, *_entry_points()})
+
+
 def spec_class(kind: str) -> type[TargetSpec]:
     where = BUILTIN_KINDS.get(kind) or _entry_points().get(kind)
     if where is None:
-        known = sorted({*BUILTIN_KINDS, *_entry_points()})
+        known = registered_kinds()
         raise ConfigurationError(f"unknown target kind {kind!r}: known kinds are {known} (a third-party target "
                                  f"registers its spec class under the entry point group {ENTRY_POINT_GROUP!r})")
     module, _, name = where.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def with_kind(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``data``, a spec dict, with its kind: one written before specs carried
+    their kind is a :data:`LEGACY_KIND` spec's fields."""
+    return data if "kind" in data else {"kind": LEGACY_KIND, **data}
+
+
+def spec_of_target_id(target_id: str) -> TargetSpec | None:
+    """The unbound spec a target identity names (``<scheme>:<name>``, as
+    :attr:`TargetSpec.target_id` gives it and a pipeline's claim records it),
+    built by the kind whose ``id_scheme`` the identity starts with; None when
+    no registered kind builds specs of that scheme."""
+    scheme, colon, name = target_id.partition(":")
+    for kind in registered_kinds() if colon else ():
+        cls = spec_class(kind)
+        if cls.id_scheme is not None and cls.id_scheme == scheme:
+            return cls.from_target_name(name)
+    return None
+
+
+def legacy_target(name: str) -> TargetSpec:
+    """The unbound spec a bare name stands for where a target is expected:
+    a :data:`LEGACY_KIND` target of that name (a table)."""
+    return spec_class(LEGACY_KIND).from_target_name(name)
 
 
 def target_from_dict(data: Mapping[str, Any]) -> TargetSpec:

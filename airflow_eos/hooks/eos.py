@@ -32,7 +32,7 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, PlanRequest
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.source import KafkaLog
-from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA, POSTGRES, ConnectionRef, TargetSpec, as_spec
+from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA, POSTGRES, ConnectionRef, TargetSpec, as_spec, with_kind
 from airflow_eos.core.windows import Window, WindowPlan
 
 log = logging.getLogger(__name__)
@@ -119,10 +119,9 @@ def resolve_target(target: TargetSpec | Mapping[str, Any]) -> Sink:
 
 
 def _with_kind(target: Any) -> Any:
-    # A trigger serialised by a version before target specs carried PostgresTarget's fields without a kind.
-    if isinstance(target, Mapping) and "kind" not in target:
-        return {"kind": "postgres", **target}
-    return target
+    """A spec dict with its kind (a trigger serialised by a version before
+    specs carried their kind has none: see core.target.with_kind)."""
+    return with_kind(target) if isinstance(target, Mapping) else target
 
 
 def ledger_for(postgres_conn_id: str) -> Ledger:

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.spark.udf import ERROR_COLUMN
-from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

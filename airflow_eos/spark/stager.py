@@ -1,34 +1,34 @@
 """One write task of the stage job: stage its rows into the attempt's staging in
-chunks (one PostgreSQL transaction each, at most ``rows_per_chunk`` rows), with
-its dead letters (rows the transform marked, NOT NULL violations, rows the target
-refuses). The contract for transforms and dead letters is in
-:mod:`airflow_eos.spark.stage`; the data source that runs this in Spark's Python
-workers is :mod:`airflow_eos.spark.staging_source`.
+chunks (one transaction of the sink's staging writer each, at most
+``rows_per_chunk`` rows), with its dead letters (rows the transform marked, NOT
+NULL violations, rows the target refuses). The contract for transforms and dead
+letters is in :mod:`airflow_eos.spark.stage`; the data source that runs this in
+Spark's Python workers is :mod:`airflow_eos.spark.staging_source`.
 
-When a COPY is refused on a column, the task asks the server once which of the
-chunk's values of that column its type cannot take, dead-letters those rows and
-stages the rest (_refuse_column); a refusal that names no column is isolated row
-by row (_isolate_rows). A column refused for every value is a configuration
-error (TargetError), not bad records.
+When the target refuses a chunk, the task asks the writer which row and column
+it refused (the writer reads its own target's refusals: see
+:mod:`airflow_eos.core.refusal`). A refusal on a column costs one more question,
+which of the chunk's values of that column the target's type cannot take: those
+rows are dead-lettered and the rest staged (_refuse_column); a refusal that
+names no column is isolated row by row (_isolate_rows). A column refused for
+every value is a configuration error (TargetError), not bad records.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import psycopg
 from pyspark.sql.datasource import WriterCommitMessage
 
 from airflow_eos.core.attempt import Attempt, StagedChunk
+from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.errors import EosError, TargetError
+from airflow_eos.core.refusal import RowRefusal
 from airflow_eos.spark.kafka_ranges import read_records
 from airflow_eos.spark.stage_settings import StageSettings
-from airflow_eos.targets.postgres.encoding import CopyFormat, row_of_line
-from airflow_eos.targets.postgres.target import LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -59,39 +59,6 @@ class StagedTask(WriterCommitMessage):
     column_checks: int = 0  # refused columns whose values the server checked at once
 
 
-@dataclass(frozen=True)
-class _Refusal:
-    """The target refused the row at ``line`` of a COPY into the staging, for
-    a value of ``column`` when the server names one."""
-
-    line: int
-    message: str
-    column: str | None = None
-    copy_format: CopyFormat = CopyFormat.CSV
-
-    def row(self, table: "pa.Table") -> int | None:
-        """The refused row of ``table`` (what the COPY sent), if it can be told."""
-        return row_of_line(self.copy_format, table, self.line)
-
-
-def _refusal(exc: TargetError, staging: str, columns: Sequence[str] = ()) -> _Refusal | None:
-    """The refused row of a failed staging write, if the failure was a value
-    the staging's column type cannot take (a data exception in the rows' COPY);
-    with its column if it is one of ``columns``."""
-    cause = exc.__cause__
-    if not isinstance(cause, psycopg.Error) or not (cause.sqlstate or "").startswith("22"):
-        return None
-    match = re.search(r"COPY (\S+), line (\d+)(?:, (.*))?", cause.diag.context or "")
-    if match is None or match.group(1) != staging:
-        return None
-    where = match.group(3) or ""
-    # "column NAME: VALUE"; a name may itself hold ": ", so match the known names, longest first.
-    column = next((c for c in sorted(columns, key=len, reverse=True)
-                   if where == f"column {c}" or where.startswith(f"column {c}: ")), None)
-    return _Refusal(int(match.group(2)), (cause.diag.message_primary or str(cause)) + (f" ({where})" if where else ""),
-                    column, getattr(exc, "copy_format", CopyFormat.CSV))
-
-
 class TaskStager:
     """Stages one write task's input: good rows in chunks, dead letters with them."""
 
@@ -99,8 +66,9 @@ class TaskStager:
         self.settings = settings
         self.layout = settings.layout
         target, attempt = settings.target, settings.attempt
-        # The sink's staging writer for exactly the layout's columns (a PostgreSQL
-        # table's, or a Kafka record's), built here: no round trip per task.
+        # The sink's staging writer for exactly the layout's columns, built
+        # here: no round trip per task. When the target refuses rows, it
+        # answers the questions of core.refusal.RefusingWriter.
         self.writer = target.staging_writer(attempt, self.layout.staged)
         self.input = batches
         self.exhausted = False
@@ -221,7 +189,7 @@ class TaskStager:
         try:
             self._write(chunk)
         except TargetError as exc:
-            refusal = _refusal(exc, self.settings.attempt.staging, self.layout.staged)
+            refusal = self.writer.refusal(exc)
             if refusal is None:
                 raise
             import pyarrow as pa
@@ -236,19 +204,19 @@ class TaskStager:
         else:
             del self.pending[:fed]
 
-    def _try_write(self, table: "pa.Table") -> _Refusal | None:
+    def _try_write(self, table: "pa.Table") -> RowRefusal | None:
         """Stage ``table`` as one chunk: None when it was staged, else why the
         target refused a row of it (any other failure raises)."""
         try:
             self._write([table])
         except TargetError as exc:
-            refusal = _refusal(exc, self.settings.attempt.staging, self.layout.staged)
+            refusal = self.writer.refusal(exc)
             if refusal is None:
                 raise
             return refusal
         return None
 
-    def _write_isolating(self, table: "pa.Table", refusal: _Refusal | None = None) -> None:
+    def _write_isolating(self, table: "pa.Table", refusal: RowRefusal | None = None) -> None:
         """Stage ``table``; each row the target refuses becomes a dead letter.
         ``refusal``: why a write of exactly ``table`` failed, if one was tried.
 
@@ -268,7 +236,7 @@ class TaskStager:
             checked.add(refusal.column)
             table, refusal = self._refuse_column(table, refusal), None
 
-    def _isolate_rows(self, table: "pa.Table", refusal: _Refusal | None = None) -> None:
+    def _isolate_rows(self, table: "pa.Table", refusal: RowRefusal | None = None) -> None:
         """``_write_isolating`` for a refusal that names no column: the refused
         row is found from the COPY's line number; if that cannot be mapped to a
         row, halving finds it. Rows before it are staged as a chunk, the row
@@ -291,7 +259,7 @@ class TaskStager:
             self._isolate_rows(table.slice(row, 1))
             table, refusal = table.slice(row + 1), None
 
-    def _refuse(self, row: "pa.Table", refusal: _Refusal) -> None:
+    def _refuse(self, row: "pa.Table", refusal: RowRefusal) -> None:
         values = row.to_pylist()[0]
         error = f"{self.settings.target.label} refused the row: {refusal.message}"
         lineage = self.layout.lineage
@@ -302,7 +270,7 @@ class TaskStager:
         self._dead_letters([{"topic": values[lineage[0]], "partition": values[lineage[1]],
                              "offset": values[lineage[2]], "error": error}])
 
-    def _refuse_column(self, table: "pa.Table", refusal: _Refusal) -> "pa.Table":
+    def _refuse_column(self, table: "pa.Table", refusal: RowRefusal) -> "pa.Table":
         """Dead-letter the rows of ``table`` whose value of the refused column
         the target's type cannot take, found by one question to the server;
         return the others. If it takes none of the column's values
@@ -316,12 +284,12 @@ class TaskStager:
         # COPY took every row before the one it refused: ask only about the rest.
         first = refusal.row(self._staged(table)) or 0
         values = table.column(column)
-        pg_type, refused = self.writer.refused_values(column, values.slice(first))
+        target_type, refused = self.writer.refused_values(column, values.slice(first))
         refused = [(first + row, text, error) for row, text, error in refused]
         self.column_checks += 1
         given = len(values) - values.null_count
         if refused and len(refused) == given >= COLUMN_REFUSED_MIN_VALUES:
-            raise TargetError(self._column_refused(column, pg_type, given, table.num_rows, refused[0]))
+            raise TargetError(self._column_refused(column, target_type, given, table.num_rows, refused[0]))
         lineage = self.layout.lineage
         target = self.settings.target.label
         if refused and lineage is None:
@@ -346,15 +314,15 @@ class TaskStager:
         mask[rows] = False
         return table.filter(pa.array(mask))
 
-    def _column_refused(self, column: str, pg_type: str, given: int, rows: int, first: tuple[int, str, str]) -> str:
+    def _column_refused(self, column: str, target_type: str, given: int, rows: int, first: tuple[int, str, str]) -> str:
         _, text, error = first
         layout = self.layout
         given_type = layout.types[layout.staged.index(column)] if layout.types else "?"
         return (f"target table {self.settings.target.label} refuses column {column!r} for every row: it is "
-                f"{pg_type} there, and the transform's output gives {given_type} values the type cannot take "
+                f"{target_type} there, and the transform's output gives {given_type} values the type cannot take "
                 f"(e.g. {_short_text(text)}: {error}); all {given} non-null values of the column in a chunk of "
                 f"{rows} rows were refused. That is a configuration error, not bad records: fix the transform "
-                f"(make {column} {pg_type}) or the table's column, then clear the window's run. Nothing of "
+                f"(make {column} {target_type}) or the table's column, then clear the window's run. Nothing of "
                 f"{self.settings.attempt} is checkpointed or published.")
 
     def _read_back_raw(self) -> None:
@@ -380,7 +348,7 @@ def _short(value: Any, limit: int = 500) -> str:
 
 
 def _short_text(text: str, limit: int = 40) -> str:
-    """A refused value as PostgreSQL quotes one in a COPY error, shortened."""
+    """A refused value, quoted and shortened for a message."""
     return '"' + (text if len(text) <= limit else text[: limit - 3] + "...") + '"'
 
 

@@ -31,7 +31,7 @@ from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import error_class
 from airflow_eos.core.sink import Sink
-from airflow_eos.core.target import TargetSpec, target_from_dict
+from airflow_eos.core.target import TargetSpec, target_from_dict, with_kind
 from airflow_eos.core.windows import WindowPlan
 
 TARGET_ENV = "EOS_TARGET_JSON"
@@ -80,10 +80,8 @@ def target_json(target: TargetSpec) -> str:
 
 
 def target_from_environment(environ: Mapping[str, str] = os.environ) -> Sink:
-    data = json.loads(environ[TARGET_ENV])
-    if "kind" not in data:  # written by a version before target specs: PostgresTarget's fields
-        data = {"kind": "postgres", **data}
-    return target_from_dict(data).sink()
+    # with_kind: an environment written by a version before specs carried their kind has none
+    return target_from_dict(with_kind(json.loads(environ[TARGET_ENV]))).sink()
 
 
 def kafka_config_from_environment(environ=os.environ) -> dict:

@@ -27,20 +27,19 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.configuration import conf
 from airflow_eos.core.database import redact
+from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA, POSTGRES
 from airflow_eos.ui import status as ui_status
 from airflow_eos.ui.page import render
 
 log = logging.getLogger(__name__)
 
 SECTION = "eos"
-DEFAULT_POSTGRES_CONN_ID = "postgres_default"
-DEFAULT_KAFKA_CONN_ID = "kafka_default"
 KAFKA_TIMEOUT = 5.0
 
 
 def _conn_ids() -> tuple[str, str]:
-    return (conf.get(SECTION, "ui_postgres_conn_id", fallback=DEFAULT_POSTGRES_CONN_ID),
-            conf.get(SECTION, "ui_kafka_conn_id", fallback=DEFAULT_KAFKA_CONN_ID))
+    return (conf.get(SECTION, "ui_postgres_conn_id", fallback=DEFAULT_CONN_IDS[POSTGRES]),
+            conf.get(SECTION, "ui_kafka_conn_id", fallback=DEFAULT_CONN_IDS[KAFKA]))
 
 
 def read_statuses() -> tuple[list[ui_status.PipelineStatus], str]:

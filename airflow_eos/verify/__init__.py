@@ -43,8 +43,7 @@ from airflow_eos.core.ledger import Ledger, redact
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.source import PartitionLog
-from airflow_eos.core.target import TargetSpec
-from airflow_eos.targets.postgres.target import PostgresTarget
+from airflow_eos.core.target import TargetSpec, legacy_target
 from airflow_eos.verify.audit import _Audit, committed_prefix
 from airflow_eos.verify.report import (
     CHECKPOINT,
@@ -107,8 +106,8 @@ def verify(ledger: Ledger, kafka: PartitionLog | Mapping[str, Any], target: Targ
 
 def _sink_of(target: TargetSpec | Sink | str, ledger: Ledger) -> tuple[Sink, str]:
     """The sink whose published rows verify reads, and the target's name for messages."""
-    if isinstance(target, str):  # a table in the ledger's database, as the CLI names it
-        target = PostgresTarget(ledger.url, target)
+    if isinstance(target, str):  # a table in the ledger's database (core.target.LEGACY_KIND's)
+        target = legacy_target(target)
     if isinstance(target, TargetSpec):
         # verify reads the target from the ledger's database: the ledger's connection is this ledger's.
         if any(ref.role == "ledger" for ref in target.connections()):

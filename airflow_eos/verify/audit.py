@@ -16,6 +16,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, TargetError
 from airflow_eos.core.ledger import Ledger, redact
@@ -42,9 +43,6 @@ from airflow_eos.verify.report import (
     _where,
     _Window,
 )
-
-# The lineage columns of Sink.published_relation: the source record of each row.
-LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
 
 # Same window and same record: rows, Kafka records and dead letters are joined on these.
 _SAME_RECORD = ("{a}.window_start = {b}.window_start AND {a}.topic = {b}.topic AND {a}.partition = {b}.partition"

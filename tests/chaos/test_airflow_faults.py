@@ -9,7 +9,6 @@ skip and replace reruns, is tests/e2e.)
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -21,34 +20,15 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.verify import verify
 from harness import chaos
 from harness.chaos import HOUR, T0, Verdict
+from harness.dags import register_dag, set_airflow_connections
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def connections(airflow_db, pg_url, kafka, monkeypatch):
-    from psycopg.conninfo import conninfo_to_dict
-
-    pg = conninfo_to_dict(pg_url)
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
-        {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka.address, "fetch.wait.max.ms": 10}}))
-    monkeypatch.setenv("AIRFLOW_CONN_POSTGRES_DEFAULT", json.dumps(
-        {"conn_type": "postgres", "host": pg["host"], "port": int(pg["port"]), "login": pg["user"],
-         "schema": pg["dbname"], "password": pg.get("password")}))
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    set_airflow_connections(monkeypatch, pg_url, kafka.address)
     return pg_url
-
-
-def register(dag) -> None:
-    """dag.test needs the DAG in Airflow's database; an inline DAG is not parsed from the DAGs folder."""
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
-
-    DagBundlesManager().sync_bundles_to_db()
-    bag = DagBag(dag_folder="/nonexistent", collect_dags=False)
-    bag.bag_dag(dag)
-    sync_bag_to_db(bag, "dags-folder", None)
 
 
 def asset_events(uri: str) -> list[dict]:
@@ -82,7 +62,7 @@ def test_commit_task_failing_after_its_commit_retries_mirrors_and_emits_once(
         exactly_once_window(pipeline=name, source=KafkaSource(topics=[topic]), target=target,
                             transform="harness.chaos:spark_transform", max_bad_records=1_000,
                             mirror_group_id=group)
-    register(dag)
+    register_dag(dag)
 
     monkeypatch.setenv("EOS_FAULTS", "commit.after_commit=raise*1")
     monkeypatch.setenv("EOS_FAULTS_STATE", str(tmp_path))

@@ -17,7 +17,6 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from conftest import PARTITIONS, new_pipeline
 
 from airflow_eos.core.attempt import load_checkpoint
 from airflow_eos.core.errors import AttemptFenced, LedgerUnavailable, NotPrepared
@@ -30,6 +29,7 @@ from airflow_eos.embedded import KafkaBroker, PostgresServer
 from harness import chaos
 from harness.concurrency import Background, blocked_on_locks
 from harness.chaos import HOUR, T0, Harness, Zombie, check, plan_step, stage_attempt, staged_and_prepared
+from harness.chaos.cases import PARTITIONS, new_pipeline
 
 WINDOWS = (0, 1)
 

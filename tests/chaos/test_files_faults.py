@@ -2,7 +2,7 @@
 the ledger in PostgreSQL), through the same steps as every other target
 (harness.chaos: only the Spark job is replaced by its Python stand-in).
 
-The matrix (test_matrix.py) runs every fault point the file target reaches x
+The matrix (harness/chaos/matrix.py) runs every fault point the file target reaches x
 {raise, crash} x {retry, clear, rerun later, backfill}, and the randomized
 schedules (test_randomized.py) run on it too. The cells here look at what only
 a two-phase commit without transactions has, and at what a reader of the
@@ -38,7 +38,6 @@ from collections import Counter
 import psycopg
 import pyarrow.parquet as pq
 import pytest
-from conftest import new_pipeline, scratch_database
 
 from airflow_eos.core.errors import TargetError
 from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR
@@ -55,6 +54,7 @@ from harness.chaos import (
     stage_step,
     transform_batch,
 )
+from harness.chaos.cases import new_pipeline, scratch_database
 
 WINDOWS = (0, 1)
 

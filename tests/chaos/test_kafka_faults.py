@@ -5,7 +5,7 @@ through the same steps as every other target (harness.chaos: only the Spark
 job is replaced by its Python stand-in). A ``crash`` kills the commit's
 process (exit 137: no ``finally``, no abort of the Kafka transaction).
 
-The matrix (test_matrix.py) runs the fault points of the Kafka target's own
+The matrix (harness/chaos/matrix.py) runs the fault points of the Kafka target's own
 code x {raise, crash} x {retry, clear, rerun later, backfill}, and the
 randomized schedules (test_randomized.py) run on it too (every point it
 reaches). The cells here look, step by step, at what only a commit that runs a
@@ -41,13 +41,13 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from conftest import PARALLEL, new_pipeline, run_concurrently, scratch_database, selected_params
 
 from airflow_eos import cli
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED
 from airflow_eos.targets.kafka import client as kclient
 from harness.chaos import Harness, StepFailed, Verdict, abort_step, await_step, check, commit_step, plan_step
 from harness.chaos import LEFTOVERS, attempt_states, run_step, stage_step
+from harness.chaos.cases import PARALLEL, new_pipeline, run_concurrently, scratch_database, selected_params
 
 WINDOWS = (0, 1)
 

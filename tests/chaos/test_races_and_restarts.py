@@ -19,7 +19,6 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from conftest import new_pipeline, scratch_database
 
 from airflow_eos import steps
 from airflow_eos.core.errors import LogTruncated
@@ -30,6 +29,7 @@ from airflow_eos.verify import verify
 from harness import chaos
 from harness.concurrency import blocked_on_locks
 from harness.chaos import Harness, check, plan_step, published_lineage, staged_and_prepared
+from harness.chaos.cases import new_pipeline, scratch_database
 
 # (target, PostgreSQL mode) cells: every target, PostgreSQL in each mode.
 CELLS = [("postgres", "replace_window"), ("postgres", PARTITION_PER_WINDOW), ("files", "replace_window"),

@@ -40,10 +40,11 @@ import os
 
 import psycopg
 import pytest
-from conftest import PARALLEL, TALLY, Rolling, new_pipeline, scratch_database, selected_params
 
 from airflow_eos.embedded import PostgresServer
 from harness.chaos import TARGETS, Schedule, delete_topic, run_schedule
+from harness.chaos.cases import PARALLEL, Rolling, new_pipeline, scratch_database, selected_params
+from harness.tally import TALLY
 
 # A number of schedules in all, as the issue that asked for them counts them
 # ("200 randomized schedules ... spread over the targets"): a target added to

@@ -22,7 +22,7 @@ from airflow_eos.verify import verify
 
 from harness.full_disk import fill, small_file_system
 
-from conftest import register_dag, run_window, states, use_spark_connect  # tests/e2e/conftest.py
+from harness.dags import register_dag, run_window, states, use_spark_connect
 from test_orders_dag import HOUR, T0, fresh_topic, load_dag, produce_orders, sql, window_date
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import to_utc
 from airflow_eos.verify import verify
 
-from conftest import run_window, states  # tests/e2e/conftest.py
+from harness.dags import run_window, states
 from test_files_dag import commit_summary, expected_lineage, skipped_rerun_summary
 from test_orders_dag import HOUR, T0, fresh_topic, load_dag, produce_orders, sql, window_date
 

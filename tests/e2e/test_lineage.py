@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from conftest import register_dag, run_window, states  # tests/e2e/conftest.py
+from harness.dags import register_dag, run_window, states
 from test_orders_dag import T0, audit, fresh_topic, load_dag, produce_orders, window_date
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.verify import verify
 from airflow_eos.core.windows import to_millis
 
-from conftest import register_dag, run_window, states  # tests/e2e/conftest.py
+from harness.dags import register_dag, run_window, states
 
 pytestmark = pytest.mark.slow
 

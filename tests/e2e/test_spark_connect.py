@@ -11,7 +11,7 @@ import pytest
 from airflow_eos.core.attempt import staging_name
 from airflow_eos.embedded import SparkConnectServer
 
-from conftest import run_window, use_spark_connect  # tests/e2e/conftest.py
+from harness.dags import run_window, use_spark_connect
 from test_orders_dag import (  # noqa: F401 - run_after is a fixture
     HOUR, T0, fresh_topic, load_dag, produce_orders, run_after, sql, stage_retried_once_then_committed,
     three_consecutive_windows_publish_every_record_once, window_date)

@@ -21,7 +21,7 @@ from test_files_dag import (  # noqa: F401 - root and run_after are fixtures
     PIPELINE, assert_published_exactly, audit, root, run_after, staging_left,
     two_windows_are_published_as_partition_directories_once)
 from test_orders_dag import fresh_topic, produce_orders, sql
-from conftest import use_spark_connect  # tests/e2e/conftest.py
+from harness.dags import use_spark_connect
 from test_spark_connect import freeze_first_hour
 
 from harness.full_disk import fill, orders_with_blob, small_file_system

@@ -28,7 +28,7 @@ import pytest
 
 from airflow_eos.embedded import _stop_process, _wait_for_port, free_port
 
-from conftest import run_window, states  # tests/e2e/conftest.py
+from harness.dags import run_window, states
 from test_orders_dag import T0, audit, fresh_topic, load_dag, produce_orders, run_after, sql, window_date  # noqa: F401
 
 pytestmark = pytest.mark.slow

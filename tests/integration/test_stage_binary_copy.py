@@ -1,4 +1,4 @@
-"""The PostgreSQL stage writer's binary COPY (targets/postgres/encoding.py), on a
+"""The PostgreSQL stage writer's binary COPY (staging/encoding.py), on a
 real PostgreSQL: hostile values arrive exactly as the CSV path delivers them,
 and every value the server refuses becomes a counted dead letter with its
 lineage, nothing else lost or duplicated. No Spark: the write task's own code
@@ -22,7 +22,7 @@ from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
 from airflow_eos.spark.layout import Layout
 from airflow_eos.spark.stage_settings import StageSettings
 from airflow_eos.spark.stager import TaskStager
-from airflow_eos.targets.postgres.encoding import CopyFormat, column_types, encoder_for
+from airflow_eos.staging.encoding import CopyFormat, column_types, encoder_for
 from airflow_eos.targets.postgres.target import PostgresTarget
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)

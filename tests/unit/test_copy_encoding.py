@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_eos.targets.postgres.encoding import CopyFormat, encoder_for, row_of_line, split_nul
+from airflow_eos.staging.encoding import CopyFormat, encoder_for, row_of_line, split_nul
 
 ORDERS = {"order_id": "text", "customer": "text", "amount": "numeric", "eos_topic": "text",
           "eos_partition": "int4", "eos_offset": "int8", "eos_pipeline": "text", "eos_window_start": "timestamptz"}

@@ -1,7 +1,9 @@
 """The package's layering as a checked contract: ``lint-imports`` with the
 contracts in pyproject.toml ([tool.importlinter]): window over operators and
-sensors over triggers over hooks over spark over core, and no import cycle
-between sibling modules (imports inside functions count). Run here so that
+sensors over triggers over hooks over spark over targets over staging over
+core, no import cycle between sibling modules (imports inside functions
+count), the targets independent of each other, and no generic package
+importing a target (they reach one through the registry). Run here so that
 ``make test`` (and CI) fails on an import that breaks them."""
 
 from __future__ import annotations

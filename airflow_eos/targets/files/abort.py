@@ -1,4 +1,4 @@
-"""The file target's abort, teardown and sweep. A mixin of
+"""The file target's teardown and sweep. A mixin of
 :class:`~airflow_eos.targets.files.sink.FileSink`."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ import os
 import time
 from datetime import datetime, timedelta, timezone
 
-from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import ABORTED, Attempt
-from airflow_eos.core.faults import fault_point
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.files import fs
+from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.writer import COMMIT_FILE, PUBLISH
 
 log = logging.getLogger(__name__)
@@ -21,26 +20,16 @@ log = logging.getLogger(__name__)
 TRASH_STAMP = "%Y%m%dT%H%M%S.%fZ"
 
 
-class FileAbort:
-    """Abort, abort_window and sweep of
+class FileAbort(FileSinkFields):
+    """The staging's removal, abort_window and sweep of
     :class:`~airflow_eos.targets.files.sink.FileSink` (ahead of
     :class:`~airflow_eos.core.sink.Sink` in its bases: ``super()`` reaches the
-    Sink's)."""
+    Sink's). The abort itself is the core's (:func:`airflow_eos.core.commit.abort`):
+    the attempt marked aborted, then its staging directory deleted (also when
+    it was aborted before: deleting again is harmless); a committed attempt is
+    left alone (its publication may be pending)."""
 
     # ------------------------------------------------------------------ abort and sweep
-
-    def abort(self, attempt: Attempt, reason: str) -> bool:
-        """Mark the attempt aborted, then delete its staging directory (also
-        when it was aborted before: deleting again is harmless). A committed
-        attempt is left alone (its publication may be pending)."""
-        with self.ledger.connect() as conn, conn.transaction():
-            aborted = attempts.mark_aborted(conn, attempt, reason)
-            row = conn.execute("SELECT state FROM eos.attempts WHERE pipeline = %s AND window_start = %s"
-                               " AND epoch = %s", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
-        fault_point("abort.inside")
-        if row is None or row[0] == ABORTED:
-            self._remove_staging(attempt)
-        return aborted
 
     def _remove_staging(self, attempt: Attempt) -> None:
         staging = self.staging_dir(attempt)

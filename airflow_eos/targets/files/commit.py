@@ -1,24 +1,25 @@
-"""The file target's commit: the decision (one ledger transaction) and the
-publication (moving the files into place, idempotent, finished by whoever
-comes next). A mixin of :class:`~airflow_eos.targets.files.sink.FileSink`."""
+"""The file target's part of the commit protocol (:mod:`airflow_eos.core.commit`):
+what its decision records (dead letters, the publication as *decided*) and
+the publication after it (moving the files into place, idempotent, finished
+by whoever comes next). A mixin of :class:`~airflow_eos.targets.files.sink.FileSink`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_eos.core import attempt as attempts
-from airflow_eos.core.attempt import COMMITTED, Attempt
-from airflow_eos.core.ledger import WindowState
-from airflow_eos.core.errors import NotPrepared, TargetError
+from airflow_eos.core import commit as protocol
+from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
+from airflow_eos.core.commit import ALREADY_COMMITTED, SKIPPED, CommitOutcome, CommitResult, Published, Settlement
+from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, REPLACED, CommitResult, skip_committed
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files import fs
+from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.staging import ManifestFile
 from airflow_eos.targets.files.writer import COMMIT_FILE, DEAD_LETTER_COLUMNS, PUBLISH, StagedFile, read_footer
 
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMMIT_FORMAT = "airflow-eos/files/1"
-LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
 # publication states (eos.publications, migration 7)
 DECIDED = "decided"
 PUBLISHED_STATE = "published"
@@ -41,114 +41,91 @@ COMPLETE = "complete"  # the partition already held this attempt: nothing to do
 SUPERSEDED_HOW = "superseded"  # another attempt committed the window since: this one is never published
 
 
-class FileCommit:
-    """Commit of :class:`~airflow_eos.targets.files.sink.FileSink`: the
-    decision, the publication, and finishing decided publications."""
+class FileCommit(FileSinkFields):
+    """The committer hooks of :class:`~airflow_eos.targets.files.sink.FileSink`:
+    its part of the decision, and the publication after it."""
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self, attempt: Attempt) -> CommitResult:
-        """Commit a prepared attempt: a two-phase commit.
+    staging_in_ledger = False  # a directory: deleted after the transaction that ends its attempt
 
-        1. **The decision**, one ledger transaction: lock the window row, then
-           the attempt's; this attempt committed before → skip to 2; the window
-           committed by another attempt → ``skip`` (this attempt is aborted, its
-           staging deleted; reported) or ``replace``; check the attempt is
-           prepared and holds the current epoch; check every manifest file is
-           in the staging with its size and rows; put the dead letters in
-           ``eos.dead_letters``; mark the window committed with the pipeline's
-           offsets; record the publication as *decided*. Nothing is visible to
-           readers yet, and from here on the window is committed.
-        2. **The publication** (:meth:`publish`), idempotent, under the window's
-           row lock: write ``_eos_commit.json`` into the staging's ``publish/``,
-           then rename it to the window's partition directory (``replace``:
-           swap it with the old one in one atomic exchange) and mark the
-           publication *published*; then delete what is left of the staging.
-        3. Finish any other decided publication of this root (a commit that
-           died between 1 and 2).
+    def decide(self, attempt: Attempt) -> CommitResult:
+        """The decision alone (the core's :func:`~airflow_eos.core.commit.decide`):
+        what a commit task that dies right after it leaves behind."""
+        return protocol.decide(self, attempt)
 
-        A retry after a crash anywhere: before the decision's commit nothing
-        happened; after it, 2 finishes the publication — the destination
-        complete → nothing to do, the staging complete → rename, neither → a
-        loud error naming both. The decision is the commit: only the call that
-        made it reports PUBLISHED (REPLACED); a retry or a racing call reports
-        ALREADY_COMMITTED, and logs it if it finished the publication.
-        """
-        started = time.monotonic()
-        decided = self.decide(attempt)
-        if isinstance(decided, CommitResult):  # skipped
-            self._remove_staging(attempt)
-            # The attempt that committed the window may be decided and not yet
-            # published (its commit died after the decision): a clear's commit
-            # is a later commit of the pipeline, and finishes it; if it cannot,
-            # this commit fails too (a skipped commit must not report success
-            # for a window readers do not see).
+    @contextlib.contextmanager
+    def decision_transaction(self, attempt: Attempt) -> Iterator[psycopg.Connection]:
+        """The ledger transaction of the decision, durable: the rename follows
+        it, so the decision must outlive a crash."""
+        with self.ledger_transaction(f"commit {attempt}") as conn:
+            self.ledger.durable_commit(conn)
+            yield conn
+
+    def commit_problems(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
+        """Every manifest file must be in the staging with its size and rows."""
+        return self._manifest_problems(attempt, checkpoint, self._load_manifest(conn, attempt))
+
+    def publish_in_decision(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint,
+                            replacing: AttemptStatus | None, settlement: Settlement) -> Published:
+        """The file target's part of the decision (the protocol is
+        :mod:`airflow_eos.core.commit`): the window's partition directory must
+        be free (or, replacing, hold this pipeline's older version); the dead
+        letters go into ``eos.dead_letters`` (a replace deletes the window's
+        older ones); the publication is recorded as *decided*. Nothing is
+        visible to readers yet: :meth:`after_decision` moves the files into
+        place once the decision is committed."""
+        manifest = self._load_manifest(conn, attempt)
+        self._check_destination(attempt, replacing is not None)
+        dead = self._read_dead_letters(attempt, manifest)
+        fault_point("commit.before_publish")
+        replaced = 0
+        if replacing is not None:
+            conn.execute("DELETE FROM eos.dead_letters WHERE pipeline = %s AND window_start = %s",
+                         (attempt.pipeline, attempt.window_start))
+            replaced = replacing.published_rows or 0
+        with conn.cursor() as cur, cur.copy(
+                'COPY eos.dead_letters (pipeline, window_start, epoch, topic, partition, "offset", error, key,'
+                " value) FROM STDIN") as copy:
+            for record in dead:
+                copy.write_row((attempt.pipeline, attempt.window_start, attempt.epoch, *record))
+        schema = next((f.schema for f in self._sealed_data(attempt, manifest)), None)
+        conn.execute(
+            "INSERT INTO eos.publications (pipeline, window_start, epoch, target, location, schema, replaces)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (attempt.pipeline, attempt.window_start, attempt.epoch, self.target_id, self.partition_path(attempt),
+             schema, replacing.committed_epoch if replacing is not None else None))
+        return Published(checkpoint.row_count, len(dead), replaced)
+
+    def discard(self, attempt: Attempt, conn: psycopg.Connection | None = None) -> None:
+        """Delete the attempt's staging directory (after its attempt ended in the ledger)."""
+        self._remove_staging(attempt)
+
+    def after_decision(self, attempt: Attempt, outcome: CommitOutcome) -> str:
+        """The publication (:meth:`publish`), then any other decided
+        publication of this root (a commit that died between its decision and
+        its rename). A retry after a crash anywhere: the destination complete →
+        nothing to do, the staging complete → rename, neither → a loud error
+        naming both.
+
+        SKIPPED: the attempt that committed the window may be decided and not
+        yet published (its commit died after the decision): a clear's commit
+        is a later commit of the pipeline, and finishes it; if it cannot, this
+        commit fails too (a skipped commit must not report success for a
+        window readers do not see)."""
+        if outcome == SKIPPED:
             self.finish_pending()
             self.require_published(attempt.window)
-            return decided
-        replaced_rows, replacing, committed_before = decided
+            return ""
+        if outcome != ALREADY_COMMITTED:
+            log.info("%s: decided (committed in the ledger with its offsets); publishing %s", attempt,
+                     self.partition_dir(attempt))
         fault_point("commit.after_decision")
         how = self.publish(attempt)
-        with self.ledger.connect() as conn, conn.transaction():
-            status = attempts.load_status(conn, attempt)
-            offsets = attempts.load_offsets(conn, attempt.pipeline)
-        # The decision is the commit: the call that made it reports PUBLISHED or
-        # REPLACED; every other call (a retry, a racing commit) ALREADY_COMMITTED,
-        # also when it is the one that moved the files into place (logged).
-        outcome = ALREADY_COMMITTED if committed_before else REPLACED if replacing else PUBLISHED
-        if committed_before and how in (RENAMED, EXCHANGED):
+        if outcome == ALREADY_COMMITTED and how in (RENAMED, EXCHANGED):
             log.info("%s: committed before; this call finished its publication (%s)", attempt, how)
-        result = CommitResult(attempt, outcome, status.committed_epoch, status.published_rows,
-                              status.dead_letter_rows, replaced_rows, offsets, time.monotonic() - started)
-        log.info("%s (%s, %s)", result, how, self.partition_dir(attempt))
         self.finish_pending()
-        return result
-
-    def decide(self, attempt: Attempt) -> CommitResult | tuple[int, bool, bool]:
-        """Step 1 of :meth:`commit`, the decision. Returns the SKIPPED result,
-        or (rows replaced, replacing, committed before)."""
-        with self.ledger.connect() as conn, conn.transaction():
-            self.ledger.durable_commit(conn)  # the rename follows: the decision must outlive a crash
-            status = attempts.load_status(conn, attempt, lock=True)
-            if status.state == COMMITTED:
-                replaces = conn.execute(
-                    "SELECT replaces FROM eos.publications WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-                    (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
-                return 0, bool(replaces and replaces[0] is not None), True
-            replacing = status.window_state == WindowState.COMMITTED
-            if replacing and not self.replaces_committed:
-                return skip_committed(conn, attempt, status)
-            attempts.check_committable(attempt, status)
-            checkpoint = attempts.load_checkpoint(conn, attempt)
-            manifest = self._load_manifest(conn, attempt)
-            problems = self._manifest_problems(attempt, checkpoint, manifest)
-            if problems:
-                raise NotPrepared(f"cannot commit {attempt}: its staging no longer holds what it checkpointed; "
-                                  "nothing published, stage the window again:\n  " + "\n  ".join(problems),
-                                  missing=problems)
-            self._check_destination(attempt, replacing)
-            dead = self._read_dead_letters(attempt, manifest)
-            fault_point("commit.before_publish")
-            replaced = 0
-            if replacing:
-                conn.execute("DELETE FROM eos.dead_letters WHERE pipeline = %s AND window_start = %s",
-                             (attempt.pipeline, attempt.window_start))
-                replaced = status.published_rows or 0
-            with conn.cursor() as cur, cur.copy(
-                    'COPY eos.dead_letters (pipeline, window_start, epoch, topic, partition, "offset", error, key,'
-                    " value) FROM STDIN") as copy:
-                for record in dead:
-                    copy.write_row((attempt.pipeline, attempt.window_start, attempt.epoch, *record))
-            attempts.mark_committed(conn, attempt, checkpoint.row_count, len(dead))
-            schema = next((f.schema for f in self._sealed_data(attempt, manifest)), None)
-            conn.execute(
-                "INSERT INTO eos.publications (pipeline, window_start, epoch, target, location, schema, replaces)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (attempt.pipeline, attempt.window_start, attempt.epoch, self.target_id, self.partition_path(attempt),
-                 schema, status.committed_epoch if replacing else None))
-        log.info("%s: decided (committed in the ledger with its offsets); publishing %s", attempt,
-                 self.partition_dir(attempt))
-        return replaced, replacing, False
+        return f" ({how}, {self.partition_dir(attempt)})"
 
     def _check_destination(self, attempt: Attempt, replacing: bool) -> None:
         """Before the decision: the window's partition directory must be free

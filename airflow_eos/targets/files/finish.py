@@ -13,11 +13,12 @@ from airflow_eos.core.errors import TargetError
 from airflow_eos.core.ledger import WindowRecord, WindowState
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.files.commit import EXCHANGED, RENAMED
+from airflow_eos.targets.files.fields import FileSinkFields
 
 log = logging.getLogger(__name__)
 
 
-class FileFinish:
+class FileFinish(FileSinkFields):
     """``committed_rerun``, ``require_published`` and ``finish_pending`` of
     :class:`~airflow_eos.targets.files.sink.FileSink`."""
 

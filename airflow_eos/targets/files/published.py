@@ -10,20 +10,20 @@ import secrets
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_eos.core.columns import LINEAGE_COLUMNS, WINDOW_COLUMNS
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.sink import ForeignRecord
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files.commit import COMMIT_FORMAT
+from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.writer import COMMIT_FILE, visible
 
 if TYPE_CHECKING:
     import psycopg
     from psycopg import sql
 
-LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
 
-
-class FilePublished:
+class FilePublished(FileSinkFields):
     """``published_partitions`` and ``published_relation`` of
     :class:`~airflow_eos.targets.files.sink.FileSink`."""
 
@@ -104,7 +104,7 @@ class FilePublished:
         import pyarrow.parquet as pq
         from psycopg import sql
         self._require_root(conn, pipeline)
-        extra = [c for c in columns if c not in LINEAGE_COLUMNS + ("eos_pipeline", "eos_window_start")]
+        extra = [c for c in columns if c not in LINEAGE_COLUMNS + WINDOW_COLUMNS]
         wanted = list(LINEAGE_COLUMNS) + extra
         name = f"eos_published_{secrets.token_hex(6)}"
         tables: list[tuple[str, pa.Table]] = []

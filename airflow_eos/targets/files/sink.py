@@ -93,3 +93,7 @@ class FileSink(FileStaging, FileCommit, FileFinish, FileAbort, FilePublished, Si
     @property
     def replaces_committed(self) -> bool:
         return self.on_committed == "replace"
+
+    @property
+    def label(self) -> str:
+        return self.root

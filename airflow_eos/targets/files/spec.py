@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
-from airflow_eos.core.target import PATH, POSTGRES, ConnectionRef, TargetSpec, uri_part
+from airflow_eos.core.target import DEFAULT_CONN_IDS, PATH, POSTGRES, ConnectionRef, TargetSpec, uri_part
 from airflow_eos.targets.files.identity import root_aliases, root_id
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION, Layout
 
@@ -120,13 +120,14 @@ class FileTarget(TargetSpec):
 
     path: str = ""
     format: str = "parquet"
-    postgres_conn_id: str = "postgres_default"
+    postgres_conn_id: str = DEFAULT_CONN_IDS[POSTGRES]
     ledger_url: str | None = None
     on_committed: str = "skip"
     layout: str = DEFAULT_LAYOUT
     replaced_retention: timedelta = DEFAULT_REPLACED_RETENTION
 
     kind: ClassVar[str] = "files"
+    id_scheme: ClassVar[str] = "files"
 
     def __post_init__(self) -> None:
         local_root(self.path)
@@ -165,6 +166,11 @@ class FileTarget(TargetSpec):
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> "FileTarget":
         return cls(**dict(fields))
+
+    @classmethod
+    def from_target_name(cls, name: str) -> "FileTarget":
+        """The root directory ``name``, as :attr:`target_id` writes it."""
+        return cls(path=name)
 
     def connections(self) -> tuple[ConnectionRef, ...]:
         return () if self.ledger_url else (ConnectionRef("ledger", POSTGRES, self.postgres_conn_id),)

@@ -18,6 +18,7 @@ from airflow_eos.core.attempt import Attempt, Checkpoint, StagedChunk
 from airflow_eos.core.errors import InvalidCheckpoint, TargetError
 from airflow_eos.core.windows import Window, to_utc
 from airflow_eos.targets.files import fs
+from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.identity import ROOT_CLAIM, RootClaim, claim_root, ledger_identity
 from airflow_eos.targets.files.layout import Layout
 from airflow_eos.targets.files.writer import (
@@ -52,7 +53,7 @@ class ManifestFile:
         return os.path.basename(self.path)
 
 
-class FileStaging:
+class FileStaging(FileSinkFields):
     """Staging of :class:`~airflow_eos.targets.files.sink.FileSink`: the
     directories of an attempt, its writers, the seal and prepare's check."""
 

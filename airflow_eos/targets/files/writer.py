@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.attempt import StagedChunk
+from airflow_eos.core.columns import DEAD_LETTER_COLUMNS
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import dead_letters_as_rows
@@ -53,7 +54,6 @@ SEALED_DEAD_LETTERS = "sealed_dead_letters"
 STAGING_SUBDIRS = (DATA, DEAD_LETTERS, PUBLISH, SEALED_DEAD_LETTERS)
 # kind of a staged file -> (where writers put it, where the seal moves it)
 KINDS = {"data": (DATA, PUBLISH), "dead_letters": (DEAD_LETTERS, SEALED_DEAD_LETTERS)}
-DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "error", "key", "value")
 
 
 def chunk_id(name: str) -> int:

@@ -34,8 +34,6 @@ from airflow_eos.core.windows import TopicPartition, Window, to_utc
 
 log = logging.getLogger(__name__)
 
-# The lineage columns of the transform's output (the source record of a row).
-LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
 # Lineage headers on every published record.
 H_PIPELINE = "eos-pipeline"
 H_WINDOW_START = "eos-window-start"

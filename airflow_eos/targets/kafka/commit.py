@@ -14,20 +14,21 @@ rerun, the abort task, the sweep).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
-from airflow_eos.core.attempt import COMMITTED, Attempt, AttemptStatus
-from airflow_eos.core.errors import NotPrepared, TargetError
+from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
+from airflow_eos.core.columns import LINEAGE_COLUMNS
+from airflow_eos.core.commit import Published, Settlement
+from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED, SKIPPED, CommitResult
 from airflow_eos.core.windows import TopicPartition, Window, to_utc
+from airflow_eos.staging.tables import CHUNK_COLUMN, staging_ids
 from airflow_eos.targets.kafka import client
 from airflow_eos.targets.kafka.client import Marker
 from airflow_eos.targets.kafka.intent import KafkaIntents, resolve_aborted, resolve_committed
-from airflow_eos.targets.postgres.names import CHUNK_COLUMN, staging_ids
 
 if TYPE_CHECKING:
     import psycopg
@@ -37,8 +38,23 @@ log = logging.getLogger(__name__)
 FETCH_ROWS = 10_000
 
 
+@dataclass(frozen=True)
+class KafkaTransaction:
+    """What :meth:`KafkaCommit.settle` hands the publication: the window's
+    producer (initialised: every other producer of the window fenced), where
+    it reports failed deliveries, the topic's partition count and the
+    window's end cuts (the marker's offsets)."""
+
+    producer: Any
+    failures: list[tuple]
+    partitions: int
+    ends: Mapping[TopicPartition, int]
+
+
 class KafkaCommit(KafkaIntents):
-    """commit and the ledger's side of it, of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`."""
+    """The committer hooks of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`
+    (the protocol is :mod:`airflow_eos.core.commit`), and finishing a window
+    whose transaction committed in Kafka before the ledger was told."""
 
     def transactional_id(self, window: Window | Attempt) -> str:
         return client.transactional_id(self.transactional_id_prefix, self.target_id, window)
@@ -46,95 +62,72 @@ class KafkaCommit(KafkaIntents):
     def marker_group(self, window: Window | Attempt) -> str:
         return client.marker_group(self.transactional_id_prefix, self.target_id, window)
 
-    def commit(self, attempt: Attempt) -> CommitResult:
-        """Commit a prepared attempt, in one ledger transaction that holds the
-        window's row lock throughout (commits of a window run one at a time):
+    def settle(self, conn: psycopg.Connection, attempt: Attempt) -> Settlement:
+        """Before the decision, holding the window's lock (the protocol is
+        :mod:`airflow_eos.core.commit`):
 
-        1. The ledger says this attempt committed → ALREADY_COMMITTED; another
-           attempt → SKIPPED (``on_committed="skip"``; this one is aborted).
-        2. ``init_transactions`` with the window's ``transactional.id``: every
+        1. ``init_transactions`` with the window's ``transactional.id``: every
            other producer of the window (a committer that lost its ledger
            connection, a zombie) is fenced, and its open transaction aborted
            (at once, not after the broker's transaction timeout).
-        3. The window's marker (read only now, when no transaction of the
+        2. The window's marker (read only now, when no transaction of the
            window is in flight): present → a transaction of the window
            committed but the ledger was not told (a crash after the Kafka
-           commit); the ledger records it (ALREADY_COMMITTED if it was this
-           attempt's, else SKIPPED). Absent (Kafka may have expired it) → the
-           window's unsettled commit intents are settled from the topic
-           (:mod:`~airflow_eos.targets.kafka.intent`): one that committed is
-           recorded as from the marker; one nobody can tell stops the commit.
-        4. Else: the attempt must be prepared and current, its staging as
-           checkpointed; its intent is written (autocommitted), then one
-           transaction produces the checkpointed rows (key,
-           value, headers, lineage headers with the commit token), sends the
-           marker offsets, commits. A record too large, the topic missing, a
-           fenced producer: the transaction is aborted, nothing is published,
-           a clear error.
-        5. The ledger: window committed (epoch, counts, offsets), the commit
-           token in ``eos.kafka_commits``, dead letters, staging dropped.
-        """
-        started = time.monotonic()
-        with self.ledger.connect() as conn, conn.transaction():
-            status = attempts.load_status(conn, attempt, lock=True)
-            if status.state == COMMITTED:
-                return self._result(conn, attempt, ALREADY_COMMITTED, status, started)
-            if status.window_state == COMMITTED:
-                return self._skip(conn, attempt, status, started)
-            plan = self.ledger.load_plan(conn, attempt.window)
-            ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
-            partitions = client.check_topic(self.kafka_config, self.topic)
-            failures: list[tuple] = []
-            producer = self._init_producer(attempt, failures)
-            marker = client.read_marker(self.kafka_config, self.marker_group(attempt), self.topic, ends)
-            if marker is None:
-                marker = self._settle_intents(conn, attempt.window)
-            if marker is not None:
-                committed = self._record_marker(conn, attempt.window, marker)
-                log.info("%s: the window's transaction committed in Kafka by attempt %d (commit %d); the ledger is "
-                         "told now", attempt, committed.epoch, marker.token)
-                status = attempts.load_status(conn, attempt)
-                if committed.epoch == attempt.epoch:
-                    return self._result(conn, attempt, ALREADY_COMMITTED, status, started)
-                return self._skip(conn, attempt, status, started)
-            attempts.check_committable(attempt, status)
-            checkpoint = attempts.load_checkpoint(conn, attempt)
-            problems = self.staging_problems(attempt, checkpoint)
-            if problems:
-                raise NotPrepared(f"cannot commit {attempt}: its staging no longer holds what it checkpointed; "
-                                  "nothing published, stage the window again:\n  " + "\n  ".join(problems),
-                                  missing=problems)
-            token = client.new_token(attempt.epoch)
-            self._open_intent(attempt, token, checkpoint.row_count, partitions)
-            produced = self._produce(conn, producer, failures, attempt, token, [c.chunk for c in checkpoint.chunks],
-                                     ends)
-            fault_point("commit.after_kafka_commit")
-            self._record(conn, attempt, token, checkpoint.row_count, produced)
-            status = attempts.load_status(conn, attempt)
-            return self._result(conn, attempt, PUBLISHED, status, started)
+           commit); the ledger records it (the protocol then reports
+           ALREADY_COMMITTED if it was this attempt's, else SKIPPED). Absent
+           (Kafka may have expired it) → the window's unsettled commit intents
+           are settled from the topic (:mod:`~airflow_eos.targets.kafka.intent`):
+           one that committed is recorded as from the marker; one nobody can
+           tell stops the commit.
+
+        Otherwise the initialised producer is what :meth:`publish_in_decision`
+        publishes with."""
+        ends = self._window_ends(conn, attempt.window)
+        partitions = client.check_topic(self.kafka_config, self.topic)
+        failures: list[tuple] = []
+        producer = self._init_producer(attempt, failures)
+        found = self._committed_in_kafka(conn, attempt.window, ends)
+        if found is not None:
+            committed, marker = found
+            log.info("%s: the window's transaction committed in Kafka by attempt %d (commit %d); the ledger is "
+                     "told now", attempt, committed.epoch, marker.token)
+            return Settlement(recorded=True)
+        return Settlement(publishing=KafkaTransaction(producer, failures, partitions, ends))
+
+    def commit_problems(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
+        """The staging counted chunk by chunk against the checkpoint."""
+        return self.staging_problems(attempt, checkpoint)
+
+    def publish_in_decision(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint,
+                            replacing: AttemptStatus | None, settlement: Settlement) -> Published:
+        """The whole Kafka transaction, in the decision's ledger transaction:
+        the attempt's intent is written (autocommitted), then one transaction
+        produces the checkpointed rows (key, value, headers, lineage headers
+        with the commit token), sends the marker offsets, commits. A record
+        too large, the topic missing, a fenced producer: the transaction is
+        aborted, nothing is published, a clear error. Then the ledger's side:
+        the commit token in ``eos.kafka_commits``, the dead letters."""
+        transaction: KafkaTransaction = settlement.publishing
+        token = client.new_token(attempt.epoch)
+        self._open_intent(attempt, token, checkpoint.row_count, transaction.partitions)
+        produced = self._produce(conn, transaction.producer, transaction.failures, attempt, token,
+                                 [c.chunk for c in checkpoint.chunks], transaction.ends)
+        fault_point("commit.after_kafka_commit")
+        dead = self._record_kafka_commit(conn, attempt, token, produced)
+        return Published(checkpoint.row_count, dead)
+
+    def discard(self, attempt: Attempt, conn: psycopg.Connection | None = None) -> None:
+        """Drop the attempt's staging tables, in the transaction that ends the attempt."""
+        self._drop_staging(conn, attempt)
 
     # ------------------------------------------------------------------ the ledger
 
-    def _result(self, conn: psycopg.Connection, attempt: Attempt, outcome, status: AttemptStatus,
-                started: float) -> CommitResult:
-        result = CommitResult(attempt, outcome, status.committed_epoch, status.published_rows or 0,
-                              status.dead_letter_rows or 0, offsets=attempts.load_offsets(conn, attempt.pipeline),
-                              seconds=time.monotonic() - started)
-        log.info("%s", result)
-        return result
-
-    def _skip(self, conn: psycopg.Connection, attempt: Attempt, status: AttemptStatus,
-              started: float) -> CommitResult:
-        attempts.mark_aborted(conn, attempt, f"window already committed by attempt {status.committed_epoch}; "
-                                             "on_committed='skip'")
-        self._drop_staging(conn, attempt)
-        return self._result(conn, attempt, SKIPPED, status, started)
-
-    def _record(self, conn: psycopg.Connection, attempt: Attempt, token: int, rows: int,
-                produced: int | None) -> None:
-        """Mark the window committed by ``attempt`` (whose transaction with
-        ``token`` committed in Kafka), with its dead letters, and drop its
-        staging. In the transaction holding the window's lock."""
+    def _record_kafka_commit(self, conn: psycopg.Connection, attempt: Attempt, token: int,
+                             produced: int | None) -> int:
+        """The ledger's record of ``attempt``'s transaction, which committed in
+        Kafka with ``token``: its dead letters, its intent settled, the commit
+        in ``eos.kafka_commits``. Returns the dead letters. In the transaction
+        holding the window's lock, which then marks the window committed."""
         from psycopg import sql
         _, dead_table = staging_ids(attempt.staging)
         dead = 0
@@ -148,14 +141,30 @@ class KafkaCommit(KafkaIntents):
                  [c.chunk for c in checkpoint.chunks])).rowcount
         else:
             log.warning("%s: its staging is gone; its dead letters cannot be recorded", attempt)
-        attempts.mark_committed(conn, attempt, rows, dead)
         resolve_committed(conn, self.target_id, attempt, token)
         conn.execute(
             "INSERT INTO eos.kafka_commits (pipeline, window_start, target, epoch, token, transactional_id,"
             " marker_group, records) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
             (attempt.pipeline, attempt.window_start, self.target_id, attempt.epoch, token,
              self.transactional_id(attempt), self.marker_group(attempt), produced))
-        self._drop_staging(conn, attempt)
+        return dead
+
+    def _window_ends(self, conn: psycopg.Connection, window: Window) -> dict[TopicPartition, int]:
+        """The window's end cuts, from its frozen plan: the offsets its marker holds."""
+        plan = self.ledger.load_plan(conn, window)
+        return {r.tp: r.end_offset for r in plan.ranges} if plan else {}
+
+    def _committed_in_kafka(self, conn: psycopg.Connection, window: Window,
+                            ends: Mapping[TopicPartition, int]) -> tuple[Attempt, Marker] | None:
+        """After the window's producers were fenced: the attempt whose
+        transaction committed in Kafka, told by the window's marker or, the
+        marker absent, by settling the window's commit intents, recorded in
+        the ledger now (with the marker); None if none committed."""
+        marker = client.read_marker(self.kafka_config, self.marker_group(window), self.topic, ends) \
+            or self._settle_intents(conn, window)
+        if marker is None:
+            return None
+        return self._record_marker(conn, window, marker), marker
 
     def _record_marker(self, conn: psycopg.Connection, window: Window, marker: Marker) -> Attempt:
         """The ledger told of a transaction the marker says committed (its
@@ -171,35 +180,9 @@ class KafkaCommit(KafkaIntents):
                               "pipeline into the topic?); nothing recorded")
         committed = Attempt(*row)
         checkpoint = attempts.load_checkpoint(conn, committed)
-        self._record(conn, committed, marker.token, checkpoint.row_count, None)
-        return committed
-
-    def finish(self, window: Window) -> Attempt | None:
-        """Tell the ledger of a transaction of the window that committed in
-        Kafka after which the commit died (the abort task and the sweep call
-        this before aborting): fences the window's producers, reads the
-        marker, or without it settles the window's commit intents. Returns
-        the attempt recorded as committed, or None."""
-        with self.ledger.connect() as conn, conn.transaction():
-            return self.finish_locked(conn, window)
-
-    def finish_locked(self, conn: psycopg.Connection, window: Window) -> Attempt | None:
-        """:meth:`finish` in the caller's ledger transaction (which then holds
-        the window's row lock, as a commit does)."""
-        row = conn.execute("SELECT state FROM eos.windows WHERE pipeline = %s AND window_start = %s FOR UPDATE",
-                           (window.pipeline, window.start)).fetchone()
-        if row is None or row[0] == COMMITTED:
-            return None
-        plan = self.ledger.load_plan(conn, window)
-        ends = {r.tp: r.end_offset for r in plan.ranges} if plan else {}
-        producer = self._init_producer(window)
-        del producer
-        marker = client.read_marker(self.kafka_config, self.marker_group(window), self.topic, ends) \
-            or self._settle_intents(conn, window)
-        if marker is None:
-            return None
-        committed = self._record_marker(conn, window, marker)
-        log.info("%s: its transaction had committed in Kafka; the ledger is told now", committed)
+        dead = self._record_kafka_commit(conn, committed, marker.token, None)
+        attempts.mark_committed(conn, committed, checkpoint.row_count, dead)
+        self.discard(committed, conn)
         return committed
 
     # ------------------------------------------------------------------ the Kafka transaction
@@ -230,72 +213,107 @@ class KafkaCommit(KafkaIntents):
                  chunks: list[int], ends: Mapping[TopicPartition, int]) -> int:
         """One Kafka transaction: every checkpointed staged row as a record,
         then the marker offsets; commit. Returns the records produced.
-        Aborts the transaction (and raises) on any error.
+        Aborts the transaction (and raises) on any error."""
+        rows_table, _ = staging_ids(attempt.staging)
+        midpoint = max(1, self._count_rows(conn, rows_table, chunks) // 2)
+        producer.begin_transaction()
+        try:
+            fault_point("commit.before_publish")
+            produced = self._send_rows(conn, producer, failures, attempt, token, chunks, midpoint)
+            self._check_delivered(conn, producer, failures, attempt, chunks)
+            fault_point("commit.after_publish")
+            self._send_marker(producer, attempt, token, ends)
+        except BaseException:
+            self._abort_transaction(producer, attempt, token)
+            raise
+        self._commit_transaction(producer, attempt, token)
+        log.info("%s: %d record(s) published into topic %s in transaction %s (commit %d)", attempt, produced,
+                 self.topic, self.transactional_id(attempt), token)
+        return produced
+
+    @staticmethod
+    def _count_rows(conn: psycopg.Connection, rows_table, chunks: list[int]) -> int:
+        from psycopg import sql
+        return conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {} = ANY(%s)").format(
+            rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,)).fetchone()[0]
+
+    @staticmethod
+    def _window_headers(attempt: Attempt, token: int) -> list[tuple[str, bytes]]:
+        """The headers every record of the window's transaction carries: the
+        window, the attempt's epoch and the commit token."""
+        return [(client.H_PIPELINE, attempt.pipeline.encode()),
+                (client.H_WINDOW_START, to_utc(attempt.window_start).isoformat().encode()),
+                (client.H_WINDOW_END, to_utc(attempt.window_end).isoformat().encode()),
+                (client.H_EPOCH, str(attempt.epoch).encode()), (client.H_COMMIT, str(token).encode())]
+
+    def _send_rows(self, conn: psycopg.Connection, producer, failures: list[tuple], attempt: Attempt, token: int,
+                   chunks: list[int], midpoint: int) -> int:
+        """Send the checkpointed chunks' rows as records, in source order;
+        stop at the first failed delivery; flush once at ``midpoint`` (the
+        fault point ``commit.mid_produce``). Returns the records sent.
 
         The rows come through a binary server-side cursor with the lineage
         already as the header's bytes (``convert_to`` in the query): bytea
         columns arrive as bytes, nothing is converted per row in Python."""
-        from confluent_kafka import Consumer, KafkaException
         from psycopg import sql
-        produced = 0
-        group = self.marker_group(attempt)
-        fixed = [(client.H_PIPELINE, attempt.pipeline.encode()),
-                 (client.H_WINDOW_START, to_utc(attempt.window_start).isoformat().encode()),
-                 (client.H_WINDOW_END, to_utc(attempt.window_end).isoformat().encode()),
-                 (client.H_EPOCH, str(attempt.epoch).encode()), (client.H_COMMIT, str(token).encode())]
+        fixed = self._window_headers(attempt, token)
         key_at = 0 if self.key_column else None
         value_at = 1 if self.key_column else 0
-        headers_at = value_at + 1
-        header_names = list(enumerate(self.header_columns, headers_at))
+        header_names = list(enumerate(self.header_columns, value_at + 1))
         h_topic, h_partition, h_offset = client.H_TOPIC, client.H_PARTITION, client.H_OFFSET
         rows_table, _ = staging_ids(attempt.staging)
-        total = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {} = ANY(%s)").format(
-            rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,)).fetchone()[0]
-        midpoint = max(1, total // 2)
+        lineage = [sql.SQL("convert_to({}::text, 'UTF8')").format(sql.Identifier(c)) for c in LINEAGE_COLUMNS]
+        produced = 0
+        with conn.cursor(name=f"eos_kafka_{attempt.epoch}", binary=True) as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s) ORDER BY eos_topic, eos_partition,"
+                                " eos_offset").format(
+                sql.SQL(", ").join([*map(sql.Identifier, self.record_columns), *lineage]),
+                rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,))
+            for row in cur:
+                topic, partition, offset = row[-3:]
+                headers = [*fixed, (h_topic, topic), (h_partition, partition), (h_offset, offset)]
+                headers += [(name, row[i]) for i, name in header_names if row[i] is not None]
+                key = row[key_at] if key_at is not None else None
+                self._send(producer, key, row[value_at], headers, row[-3:])
+                produced += 1
+                if failures:
+                    break
+                if produced == midpoint:
+                    producer.flush(client.TIMEOUT)
+                    fault_point("commit.mid_produce")
+        return produced
 
-        producer.begin_transaction()
+    def _check_delivered(self, conn: psycopg.Connection, producer, failures: list[tuple], attempt: Attempt,
+                         chunks: list[int]) -> None:
+        """Wait for every record's delivery; TargetError (naming the source
+        records of failed deliveries) if any failed or did not arrive in time."""
+        remaining = producer.flush(client.TIMEOUT)
+        if failures:
+            rows_table, _ = staging_ids(attempt.staging)
+            raise TargetError(f"cannot publish {attempt} into topic {self.topic}: "
+                              + "; ".join(self._failed_sources(conn, rows_table, chunks, failures))
+                              + " (nothing of the window is published: its transaction is "
+                              "aborted; a record too large needs the producer's message.max.bytes and the "
+                              "topic's max.message.bytes raised, or a smaller record)")
+        if remaining:
+            raise TargetError(f"cannot publish {attempt} into topic {self.topic}: {remaining} record(s) not "
+                              f"delivered within {client.TIMEOUT:.0f}s; the transaction is aborted")
+
+    def _send_marker(self, producer, attempt: Attempt, token: int, ends: Mapping[TopicPartition, int]) -> None:
+        """The window's marker, in the transaction: its end cuts and commit
+        token as offsets of the window's marker group."""
+        from confluent_kafka import Consumer
+        consumer = Consumer({**client._client(self.kafka_config), "group.id": self.marker_group(attempt),
+                             "enable.auto.commit": False})
         try:
-            fault_point("commit.before_publish")
-            lineage = [sql.SQL("convert_to({}::text, 'UTF8')").format(sql.Identifier(c))
-                       for c in client.LINEAGE_COLUMNS]
-            with conn.cursor(name=f"eos_kafka_{attempt.epoch}", binary=True) as cur:
-                cur.itersize = FETCH_ROWS
-                cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s) ORDER BY eos_topic, eos_partition,"
-                                    " eos_offset").format(
-                    sql.SQL(", ").join([*map(sql.Identifier, self.record_columns), *lineage]),
-                    rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,))
-                for row in cur:
-                    topic, partition, offset = row[-3:]
-                    headers = [*fixed, (h_topic, topic), (h_partition, partition), (h_offset, offset)]
-                    headers += [(name, row[i]) for i, name in header_names if row[i] is not None]
-                    key = row[key_at] if key_at is not None else None
-                    self._send(producer, key, row[value_at], headers, row[-3:])
-                    produced += 1
-                    if failures:
-                        break
-                    if produced == midpoint:
-                        producer.flush(client.TIMEOUT)
-                        fault_point("commit.mid_produce")
-            remaining = producer.flush(client.TIMEOUT)
-            if failures:
-                raise TargetError(f"cannot publish {attempt} into topic {self.topic}: "
-                                  + "; ".join(self._failed_sources(conn, rows_table, chunks, failures))
-                                  + " (nothing of the window is published: its transaction is "
-                                  "aborted; a record too large needs the producer's message.max.bytes and the "
-                                  "topic's max.message.bytes raised, or a smaller record)")
-            if remaining:
-                raise TargetError(f"cannot publish {attempt} into topic {self.topic}: {remaining} record(s) not "
-                                  f"delivered within {client.TIMEOUT:.0f}s; the transaction is aborted")
-            fault_point("commit.after_publish")
-            consumer = Consumer({**client._client(self.kafka_config), "group.id": group, "enable.auto.commit": False})
-            try:
-                producer.send_offsets_to_transaction(client.marker_offsets(self.topic, token, ends),
-                                                     consumer.consumer_group_metadata(), client.TIMEOUT)
-            finally:
-                consumer.close()
-        except BaseException:
-            self._abort_transaction(producer, attempt, token)
-            raise
+            producer.send_offsets_to_transaction(client.marker_offsets(self.topic, token, ends),
+                                                 consumer.consumer_group_metadata(), client.TIMEOUT)
+        finally:
+            consumer.close()
+
+    def _commit_transaction(self, producer, attempt: Attempt, token: int) -> None:
+        from confluent_kafka import KafkaException
         try:
             producer.commit_transaction(client.TIMEOUT)
         except KafkaException as exc:
@@ -305,9 +323,6 @@ class KafkaCommit(KafkaIntents):
             raise TargetError(f"the transaction of {attempt} into topic {self.topic} did not commit: {error.str()} "
                               "(fenced by another committer of the window, or the broker refused it); a retry tells "
                               "from the window's marker whether it committed") from exc
-        log.info("%s: %d record(s) published into topic %s in transaction %s (commit %d)", attempt, produced,
-                 self.topic, self.transactional_id(attempt), token)
-        return produced
 
     def _failed_sources(self, conn: psycopg.Connection, rows_table, chunks: list[int],
                         failures: list[tuple]) -> list[str]:

@@ -53,6 +53,7 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import Window, to_utc
 from airflow_eos.targets.kafka import client
 from airflow_eos.targets.kafka.client import Marker, PartitionBounds
+from airflow_eos.targets.kafka.fields import KafkaSinkFields
 
 if TYPE_CHECKING:
     import psycopg
@@ -200,7 +201,7 @@ def answer(conn: psycopg.Connection, pipeline: str, window_start: datetime, toke
 # --------------------------------------------------------------------------- the sink's side
 
 
-class KafkaIntents:
+class KafkaIntents(KafkaSinkFields):
     """Writing and settling commit intents, of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`."""
 
     def _open_intent(self, attempt: Attempt, token: int, records: int, partitions: int) -> None:

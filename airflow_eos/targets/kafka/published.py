@@ -24,6 +24,7 @@ from airflow_eos.core.errors import TargetError
 from airflow_eos.core.sink import ForeignRecord
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.kafka import client
+from airflow_eos.targets.kafka.fields import KafkaSinkFields
 
 if TYPE_CHECKING:
     import psycopg
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class KafkaPublished:
+class KafkaPublished(KafkaSinkFields):
     """``published_records`` and ``published_relation`` of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`."""
 
     def published_records(self, pipeline: str, *, timeout: float = 60.0,

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_eos.core.client_settings import refuse_inline_secrets
+from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
-from airflow_eos.core.target import KAFKA, POSTGRES, ConnectionRef, TargetSpec, kafka_asset_uri
-from airflow_eos.targets.kafka.client import LINEAGE_COLUMNS
+from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA, POSTGRES, ConnectionRef, TargetSpec, kafka_asset_uri
 
 if TYPE_CHECKING:
     from airflow_eos.targets.kafka.sink import KafkaSink
@@ -63,8 +63,8 @@ class KafkaTarget(TargetSpec):
     key_column: str | None = "key"
     value_column: str = "value"
     header_columns: tuple[str, ...] = ()
-    kafka_conn_id: str = "kafka_default"
-    postgres_conn_id: str = "postgres_default"
+    kafka_conn_id: str = DEFAULT_CONN_IDS[KAFKA]
+    postgres_conn_id: str = DEFAULT_CONN_IDS[POSTGRES]
     on_committed: str = "skip"
     transactional_id_prefix: str = "airflow-eos"
     producer_config: Mapping[str, Any] = field(default_factory=dict)
@@ -72,6 +72,7 @@ class KafkaTarget(TargetSpec):
     ledger_url: str | None = field(default=None, repr=False)
 
     kind: ClassVar[str] = "kafka"
+    id_scheme: ClassVar[str] = "kafka"
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not _TOPIC.match(self.topic) or self.topic in (".", ".."):
@@ -140,6 +141,12 @@ class KafkaTarget(TargetSpec):
         data["header_columns"] = tuple(data.get("header_columns") or ())
         return cls(**data)
 
+    @classmethod
+    def from_target_name(cls, name: str) -> "KafkaTarget":
+        """``<kafka_conn_id>/<topic>``, as :attr:`target_id` writes it."""
+        conn_id, _, topic = name.partition("/")
+        return cls(topic=topic, kafka_conn_id=conn_id)
+
     def connections(self) -> tuple[ConnectionRef, ...]:
         refs = []
         if not self.ledger_url:
@@ -175,7 +182,7 @@ class KafkaTarget(TargetSpec):
     @property
     def target_id(self) -> str:
         """``kafka:<kafka_conn_id>/<topic>``: the cluster by its connection, then the topic."""
-        return f"kafka:{self.kafka_conn_id}/{self.topic}"
+        return f"{self.id_scheme}:{self.kafka_conn_id}/{self.topic}"
 
     @property
     def asset_uri(self) -> str:

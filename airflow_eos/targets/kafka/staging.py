@@ -1,13 +1,14 @@
-"""The Kafka target's staging: the PostgreSQL staging table of the PostgreSQL
-target, reused (schema ``eos_staging``, one table per attempt plus its
-dead-letter table, rows tagged by chunk, filled by the same COPY writer).
+"""The Kafka target's staging: the shared staging tables in the ledger's
+database (:mod:`airflow_eos.staging`: schema ``eos_staging``, one table per
+attempt plus its dead-letter table, rows tagged by chunk, filled by the COPY
+writer the PostgreSQL target uses too).
 
 Why PostgreSQL and not the file target's staging files: the Kafka target
 needs a ``postgres`` connection anyway (the ledger), so the staging needs no
 other place that the Spark executors and the commit task must both see (the
 file target needs a shared directory); the commit reads the rows back in one
-server-side cursor, in source order; prepare counts them chunk by chunk with
-the PostgreSQL target's code; abort is a DROP TABLE. The table's columns are
+server-side cursor, in source order; prepare counts them chunk by chunk
+(``count_chunks``); abort is a DROP TABLE. The table's columns are
 the record's: key, value and header columns as ``bytea`` (strings are staged
 as their UTF-8 bytes), then the lineage columns. A mixin of
 :class:`~airflow_eos.targets.kafka.sink.KafkaSink`.
@@ -22,12 +23,14 @@ from typing import TYPE_CHECKING
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, StagedChunk
+from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.windows import Window
-from airflow_eos.targets.kafka.client import LINEAGE_COLUMNS, check_topic
-from airflow_eos.targets.postgres import staging as pg_staging
-from airflow_eos.targets.postgres.names import CHUNK_COLUMN, STAGING_SCHEMA, staging_ids
-from airflow_eos.targets.postgres.writer import StagingWriter
+from airflow_eos.staging import tables
+from airflow_eos.staging.tables import CHUNK_COLUMN, CHUNK_DEFAULT, STAGING_SCHEMA, staging_ids
+from airflow_eos.staging.writer import StagingWriter
+from airflow_eos.targets.kafka.client import check_topic
+from airflow_eos.targets.kafka.fields import KafkaSinkFields
 
 if TYPE_CHECKING:
     import psycopg
@@ -40,7 +43,7 @@ LINEAGE_TYPES = {"eos_topic": "text", "eos_partition": "integer", "eos_offset": 
 
 @dataclass(frozen=True)
 class KafkaStagingWriter(StagingWriter):
-    """The PostgreSQL target's staging writer, for a record-shaped staging:
+    """The staging's writer, for a record-shaped staging:
     the record columns (key, value, headers) go to ``bytea`` columns, so a
     string is staged as its UTF-8 bytes and any other type as its text."""
 
@@ -81,7 +84,7 @@ class KafkaStagingWriter(StagingWriter):
         return cls.from_arrays(arrays, names=names)
 
 
-class KafkaStaging:
+class KafkaStaging(KafkaSinkFields):
     """begin, writer and counts of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`."""
 
     def staged_columns(self) -> tuple[str, ...]:
@@ -99,22 +102,17 @@ class KafkaStaging:
         check_topic(self.kafka_config, self.topic)
         with self.ledger.connect() as conn, conn.transaction():
             attempt = attempts.open_attempt(conn, window)
-            rows_table, dead_table = staging_ids(attempt.staging)
+            rows_table, _ = staging_ids(attempt.staging)
             columns = [sql.SQL("{} bytea").format(sql.Identifier(c)) for c in self.record_columns]
             columns += [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(LINEAGE_TYPES[c])) for c in LINEAGE_COLUMNS]
-            columns.append(sql.SQL("{} bigint NOT NULL DEFAULT current_setting('eos.chunk')::bigint").format(
-                sql.Identifier(CHUNK_COLUMN)))
+            columns.append(sql.SQL("{} bigint NOT NULL DEFAULT {}").format(
+                sql.Identifier(CHUNK_COLUMN), sql.SQL(CHUNK_DEFAULT)))
             conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(rows_table, sql.SQL(", ").join(columns)))
             # The dead letters are logged: once the window's transaction has
             # committed in Kafka, the rows are published but the dead letters
             # are only here until the ledger records them, and a database crash
-            # empties unlogged tables (the N=2000 chaos soak, seed 20264910:
-            # commit.after_kafka_commit, then PostgreSQL restarted immediate,
-            # the retry recorded the window with 2 dead letters fewer).
-            conn.execute(sql.SQL(
-                'CREATE TABLE {} ({} bigint NOT NULL, topic text NOT NULL, partition integer NOT NULL,'
-                ' "offset" bigint NOT NULL, error text NOT NULL, key bytea, value bytea)').format(
-                dead_table, sql.Identifier(CHUNK_COLUMN)))
+            # empties unlogged tables.
+            tables.create_dead_letters(conn, attempt.staging, logged=True)
         log.info("%s: staging %s.%s created for topic %s", attempt, STAGING_SCHEMA, attempt.staging, self.topic)
         return attempt
 
@@ -142,14 +140,13 @@ class KafkaStaging:
 
     @staticmethod
     def _staging_exists(conn: psycopg.Connection, attempt: Attempt) -> bool:
-        rows_table, _ = staging_ids(attempt.staging)
-        return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (rows_table.as_string(conn),)).fetchone()[0]
+        return tables.exists(conn, attempt.staging)
 
     def count_staged(self, attempt: Attempt) -> dict[int, tuple[int, int]] | None:
         with self.ledger.connect() as conn:
             if not self._staging_exists(conn, attempt):
                 return None
-            return pg_staging.count_chunks(conn, attempt.staging)
+            return tables.count_chunks(conn, attempt.staging)
 
     def _drop_staging(self, conn: psycopg.Connection, attempt: Attempt) -> None:
-        pg_staging.drop(conn, attempt.staging)
+        tables.drop(conn, attempt.staging)

@@ -1,6 +1,8 @@
 """The names the PostgreSQL target reads and gives: the one parser of
-``schema.table`` in the package, the identifiers of an attempt's staging, the
-columns it reserves, its modes; and the server's words for an error.
+``schema.table`` in the package, its modes and the constraint and trigger it
+gives a staging. (The staging's own names are the shared staging's,
+:mod:`airflow_eos.staging.tables`; the columns every target reserves are the
+core's, :mod:`airflow_eos.core.columns`.)
 
 psycopg is imported by the functions that need it: a DAG file builds a
 PostgresTarget (which parses its table name) at parse time.
@@ -14,20 +16,14 @@ from typing import TYPE_CHECKING
 from airflow_eos.core.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    import psycopg
     from psycopg import sql
 
-STAGING_SCHEMA = "eos_staging"
-WINDOW_COLUMNS = ("eos_pipeline", "eos_window_start")
-LINEAGE_COLUMNS = ("eos_topic", "eos_partition", "eos_offset")
-CHUNK_COLUMN = "eos_chunk"  # staging only: which writer transaction staged the row
-DEAD_LETTER_SUFFIX = "_dl"
-DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "error", "key", "value")
 PARTITION_PER_WINDOW = "partition_per_window"
 MODES = ("replace_window", "upsert", PARTITION_PER_WINDOW)
 BOUND_CONSTRAINT = "eos_window_bound"  # partition_per_window: the staging's CHECK that matches the partition bound
 SEALED_TRIGGER = "eos_sealed"  # partition_per_window: a sealed staging refuses changes (migration 4)
 ON_COMMITTED = ("skip", "replace")
+ID_SCHEME = "postgresql"  # a target id's scheme: postgresql:schema.table
 
 
 def parse_table_name(name: str) -> tuple[str | None, str]:
@@ -84,16 +80,3 @@ def quoted_if_needed(part: str) -> str:
         return part
     return '"' + part.replace('"', '""') + '"'
 
-
-def staging_ids(staging: str) -> tuple[sql.Identifier, sql.Identifier]:
-    """The tables of an attempt's staging: its rows and its dead letters."""
-    from psycopg import sql
-    return sql.Identifier(STAGING_SCHEMA, staging), sql.Identifier(STAGING_SCHEMA, staging + DEAD_LETTER_SUFFIX)
-
-
-def pg_message(exc: psycopg.Error) -> str:
-    """The server's words, including where (COPY line and column) when it says."""
-    diag = exc.diag
-    text = diag.message_primary or str(exc)
-    extra = [d for d in (diag.message_detail, diag.message_hint, diag.context) if d]
-    return text + (" (" + "; ".join(x.strip() for x in extra) + ")" if extra else "")

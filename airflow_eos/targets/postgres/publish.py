@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, Checkpoint
+from airflow_eos.core.columns import WINDOW_COLUMNS
 from airflow_eos.core.errors import TargetError
 from airflow_eos.targets.postgres import staging
-from airflow_eos.targets.postgres.names import BOUND_CONSTRAINT, CHUNK_COLUMN, PARTITION_PER_WINDOW, WINDOW_COLUMNS
+from airflow_eos.staging.tables import CHUNK_COLUMN
+from airflow_eos.targets.postgres.names import BOUND_CONSTRAINT, PARTITION_PER_WINDOW
 from airflow_eos.targets.postgres.shape import Shape
 
 if TYPE_CHECKING:

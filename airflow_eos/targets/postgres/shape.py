@@ -10,15 +10,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from airflow_eos.core.columns import LINEAGE_COLUMNS, WINDOW_COLUMNS
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.sink import ForeignRecord
-from airflow_eos.targets.postgres.names import (
-    CHUNK_COLUMN,
-    LINEAGE_COLUMNS,
-    PARTITION_PER_WINDOW,
-    WINDOW_COLUMNS,
-)
+from airflow_eos.staging.tables import CHUNK_COLUMN
+from airflow_eos.targets.postgres.names import PARTITION_PER_WINDOW
 
 if TYPE_CHECKING:
     import psycopg

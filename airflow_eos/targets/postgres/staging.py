@@ -1,12 +1,15 @@
-"""An attempt's staging in the PostgreSQL target: two tables in schema
-``eos_staging`` named by the attempt, one for its rows (each tagged with the
-chunk, the writer transaction, that staged it) and one for its dead letters.
+"""An attempt's staging in the PostgreSQL target: the shared staging's two
+tables (:mod:`airflow_eos.staging.tables`: schema ``eos_staging``, named by the
+attempt, one for its rows, each tagged with the chunk, the writer transaction,
+that staged it, and one for its dead letters), its rows' table shaped like the
+target table.
 
 Begin creates them (UNLOGGED, with the target's column types, so a wrong type
 fails while staging, with the column named; in ``partition_per_window`` a
 logged table shaped like the target, which becomes the window's partition).
-Prepare counts them chunk by chunk. In ``partition_per_window`` the job commit
-seals them (:func:`seal`); commit and abort drop them.
+Prepare counts them chunk by chunk (``count_chunks``). In
+``partition_per_window`` the job commit seals them (:func:`seal`); commit and
+abort drop them (``drop``).
 """
 
 from __future__ import annotations
@@ -17,17 +20,19 @@ from typing import TYPE_CHECKING
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, Checkpoint
+from airflow_eos.core.columns import WINDOW_COLUMNS
+from airflow_eos.core.database import pg_message
 from airflow_eos.core.errors import InvalidCheckpoint, TargetError
-from airflow_eos.targets.postgres.names import (
-    BOUND_CONSTRAINT,
+from airflow_eos.staging.tables import (
     CHUNK_COLUMN,
-    PARTITION_PER_WINDOW,
-    SEALED_TRIGGER,
+    CHUNK_DEFAULT,
     STAGING_SCHEMA,
-    WINDOW_COLUMNS,
-    pg_message,
+    count_chunks,
+    create_dead_letters,
+    drop,
     staging_ids,
 )
+from airflow_eos.targets.postgres.names import BOUND_CONSTRAINT, PARTITION_PER_WINDOW, SEALED_TRIGGER
 from airflow_eos.targets.postgres.shape import Shape
 
 if TYPE_CHECKING:
@@ -40,7 +45,7 @@ log = logging.getLogger(__name__)
 def create(conn: psycopg.Connection, attempt: Attempt, target: sql.Identifier, shape: Shape, mode: str) -> None:
     """Create the empty staging of ``attempt`` for the ``target`` table."""
     from psycopg import sql
-    rows_table, dead_table = staging_ids(attempt.staging)
+    rows_table, _ = staging_ids(attempt.staging)
     if mode == PARTITION_PER_WINDOW:
         _create_partition_staging(conn, attempt, rows_table, target)
     else:
@@ -53,15 +58,11 @@ def create(conn: psycopg.Connection, attempt: Attempt, target: sql.Identifier, s
     # COLUMN, which would evaluate the default once, now.)
     conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint NOT NULL").format(
         rows_table, sql.Identifier(CHUNK_COLUMN)))
-    conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT current_setting('eos.chunk')::bigint")
-                 .format(rows_table, sql.Identifier(CHUNK_COLUMN)))
+    conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT {}")
+                 .format(rows_table, sql.Identifier(CHUNK_COLUMN), sql.SQL(CHUNK_DEFAULT)))
     # Dead letters are staged like the rows: unlogged, but logged where the
     # rows' staging is (partition_per_window), so a crash keeps both or neither.
-    conn.execute(sql.SQL(
-        'CREATE {}TABLE {} ({} bigint NOT NULL, topic text NOT NULL, partition integer NOT NULL,'
-        ' "offset" bigint NOT NULL, error text NOT NULL, key bytea, value bytea)'
-    ).format(sql.SQL("" if mode == PARTITION_PER_WINDOW else "UNLOGGED "), dead_table,
-             sql.Identifier(CHUNK_COLUMN)))
+    create_dead_letters(conn, attempt.staging, logged=mode == PARTITION_PER_WINDOW)
 
 
 def _create_partition_staging(conn: psycopg.Connection, attempt: Attempt, rows_table: sql.Identifier,
@@ -100,26 +101,6 @@ def staged_columns(conn: psycopg.Connection, staging: str,
         return None
     return tuple(name for name, generated in rows if not generated and name not in WINDOW_COLUMNS
                  and (columns is None or name in columns))
-
-
-def count_chunks(conn: psycopg.Connection, staging: str) -> dict[int, tuple[int, int]]:
-    """chunk -> (rows, dead letters) in the staging."""
-    from psycopg import sql
-    rows_table, dead_table = staging_ids(staging)
-    rows = conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
-        sql.Identifier(CHUNK_COLUMN), rows_table)).fetchall()
-    dead = conn.execute(sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
-        sql.Identifier(CHUNK_COLUMN), dead_table)).fetchall()
-    counts = {chunk: (n, 0) for chunk, n in rows}
-    for chunk, n in dead:
-        counts[chunk] = (counts.get(chunk, (0, 0))[0], n)
-    return counts
-
-
-def drop(conn: psycopg.Connection, staging: str) -> None:
-    from psycopg import sql
-    for table in staging_ids(staging):
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
 
 
 # --------------------------------------------------------------------------- the seal (partition_per_window)
@@ -226,3 +207,6 @@ def _build_target_indexes(conn: psycopg.Connection, attempt: Attempt, rows_table
             conn.execute(statement + sql.SQL(index_def[at + len(marker):]))
         built += 1
     return built
+
+
+__all__ = ["count_chunks", "create", "drop", "seal", "staged_columns", "unseal"]

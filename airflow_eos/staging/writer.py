@@ -1,12 +1,19 @@
-"""The writer of the PostgreSQL target: what a Spark task runs to stage its
-rows (StagingWriter) and the dead-letter rows; the encoding COPY reads (binary
-when the staged types allow it, else CSV) is :mod:`.encoding`'s.
+"""The staging's writer: what a Spark task runs to stage its rows
+(StagingWriter) and the dead-letter rows into an attempt's staging tables, for
+every target that stages there; the encoding COPY reads
+(binary when the staged types allow it, else CSV) is :mod:`.encoding`'s.
 
 A task COPYs its Arrow batches into the attempt's staging in one transaction
 tagged with a fresh chunk id, and returns the chunk's counts. A task that fails
 rolls its chunk back; a chunk that committed but never reached the job commit
 (a task lost afterwards, a speculative copy) is not in the checkpoint and is
 never published. psycopg and pyarrow are imported inside the functions.
+
+A value a staged column's type cannot take fails the whole COPY; the writer
+reads which row and column the server refused (:meth:`StagingWriter.refusal`)
+and which values of a column it refuses (:meth:`StagingWriter.refused_values`),
+the questions of :class:`~airflow_eos.core.refusal.RefusingWriter`, so that the
+stage job can dead-letter those rows without knowing PostgreSQL's diagnostics.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import hashlib
 import itertools
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Iterable, Mapping
@@ -22,19 +30,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.attempt import StagedChunk
-from airflow_eos.core.database import connect, redact
+from airflow_eos.core.database import connect, pg_message, redact
 from airflow_eos.core.errors import LedgerUnavailable, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import dead_letters_as_rows
-from airflow_eos.targets.postgres.encoding import (
+from airflow_eos.staging.encoding import (
     NUL_REFUSED,
     CopyFormat,
     column_types,
     copy_texts,
     encoder_for,
+    row_of_line,
     split_nul,
 )
-from airflow_eos.targets.postgres.names import CHUNK_COLUMN, STAGING_SCHEMA, pg_message, staging_ids
+from airflow_eos.staging.tables import CHUNK_COLUMN, STAGING_SCHEMA, staging_ids
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -51,13 +60,28 @@ class CopyRefused(TargetError):
 
 
 @dataclass(frozen=True)
+class CopyRefusal:
+    """The server refused the row at ``line`` of a COPY into the staging, for
+    a value of ``column`` when it names one (a RowRefusal)."""
+
+    line: int
+    message: str
+    column: str | None = None
+    copy_format: CopyFormat = CopyFormat.CSV
+
+    def row(self, table: pa.Table) -> int | None:
+        """The refused row of ``table`` (what the COPY sent), if it can be told."""
+        return row_of_line(self.copy_format, table, self.line)
+
+
+@dataclass(frozen=True)
 class StagingWriter:
     """Stages rows of one attempt from inside Spark tasks. Plain data: pickle it
     into the tasks, or pass ``to_json()`` as a data source option.
 
     Call :meth:`write` once per task with the task's Arrow batches; return the
     StagedChunk to Spark as the task's commit message; on job commit pass every
-    message's chunk to ``PostgresTarget.checkpoint``.
+    message's chunk to the sink's ``checkpoint``.
     """
 
     url: str
@@ -152,6 +176,28 @@ class StagingWriter:
             return TargetError(f"staging table {STAGING_SCHEMA}.{self.staging} of {self.target} does not exist: "
                                "its attempt was aborted or committed")
         return LedgerUnavailable(f"{doing}: lost the database {redact(self.url)}: {redact(str(exc), self.url)}")
+
+    def refusal(self, error: Exception) -> CopyRefusal | None:
+        """The row the server refused, if ``error`` (raised by :meth:`write`)
+        was a value a staged column's type cannot take: a data exception
+        (SQLSTATE class 22) in this staging's COPY, whose context names the
+        line and, when it can, the column (one of :attr:`columns`). None for
+        any other failure."""
+        import psycopg
+
+        cause = error.__cause__
+        if not isinstance(cause, psycopg.Error) or not (cause.sqlstate or "").startswith("22"):
+            return None
+        match = re.search(r"COPY (\S+), line (\d+)(?:, (.*))?", cause.diag.context or "")
+        if match is None or match.group(1) != self.staging:
+            return None
+        where = match.group(3) or ""
+        # "column NAME: VALUE"; a name may itself hold ": ", so match the known names, longest first.
+        column = next((c for c in sorted(self.columns, key=len, reverse=True)
+                       if where == f"column {c}" or where.startswith(f"column {c}: ")), None)
+        return CopyRefusal(int(match.group(2)),
+                           (cause.diag.message_primary or str(cause)) + (f" ({where})" if where else ""),
+                           column, getattr(error, "copy_format", CopyFormat.CSV))
 
     def refused_values(self, column: str,
                        values: pa.Array | pa.ChunkedArray) -> tuple[str, list[tuple[int, str, str]]]:

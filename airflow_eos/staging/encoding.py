@@ -1,4 +1,4 @@
-"""How the PostgreSQL target's writer encodes Arrow rows for COPY.
+"""How the staging's writer encodes Arrow rows for COPY.
 
 Binary COPY (PostgreSQL's own wire format, encoded from the Arrow buffers by
 ``pgpq``, a Rust encoder) when every staged column's Arrow type has a binary

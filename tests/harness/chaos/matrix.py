@@ -28,8 +28,10 @@ under ``retry`` the commit fails for good (twice), the teardown's retry
 finishes the abort, and a clear commits the window.
 
 Cells are independent pipelines and mostly wait on the broker and the
-database, so the module runs the selected cells PARALLEL at a time up front;
-each cell's test item then reports its own outcome.
+database, so a target's module runs its selected cells PARALLEL at a time up
+front; each cell's test item then reports its own outcome. Each target has a
+module of its own (tests/chaos/test_matrix_<target>.py, built by
+:func:`matrix_module`), so that pytest-xdist runs the three side by side.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import PARALLEL, new_pipeline, run_concurrently, selected_params
 
 from harness.chaos import ACTIONS, POINT_STEPS, RECOVERIES, TARGET_POINTS, TARGETS, Harness, check
+from harness.chaos.cases import PARALLEL, new_pipeline, run_concurrently, selected_params
 
 WINDOWS = (0, 1)
 FAULTY = 0
@@ -97,37 +99,27 @@ def run_cell(target: str, point: str, action: str, recovery: str, url: str, sour
     return check(h, WINDOWS)
 
 
-@pytest.fixture(scope="module")
-def matrix(request, chaos_db, chaos_source, tmp_path_factory):
-    cells = {}
-    for params in selected_params(request, "test_fault_then_recovery_is_exactly_once"):
-        key = (params["target"], params["point"], params["action"], params["recovery"])
-        cells[key] = (*key, chaos_db, chaos_source, tmp_path_factory.mktemp("cell"))
-    return run_concurrently(cells, run_cell, PARALLEL)
+def matrix_module(target: str):
+    """The module fixture and the test of ``target``'s cells, for its test
+    module to bind: ``matrix, test_fault_then_recovery_is_exactly_once =
+    matrix_module("postgres")``. The fixture runs the module's selected
+    cells at once; each test item reports its own."""
 
+    @pytest.fixture(scope="module")
+    def matrix(request, chaos_db, chaos_source, tmp_path_factory):
+        cells = {}
+        for params in selected_params(request, "test_fault_then_recovery_is_exactly_once"):
+            key = (params["point"], params["action"], params["recovery"])
+            cells[key] = (target, *key, chaos_db, chaos_source, tmp_path_factory.mktemp("cell"))
+        return run_concurrently(cells, run_cell, PARALLEL)
 
-@pytest.mark.parametrize("recovery", RECOVERIES)
-@pytest.mark.parametrize("action", ACTIONS)
-@pytest.mark.parametrize(("target", "point"), [(t, point) for t in TARGETS for point in sorted(MATRIX_POINTS[t])])
-def test_fault_then_recovery_is_exactly_once(target, point, action, recovery, matrix, tally):
-    result = matrix[target, point, action, recovery]
-    if isinstance(result, BaseException):
-        raise result
-    tally.add(result)
+    @pytest.mark.parametrize("recovery", RECOVERIES)
+    @pytest.mark.parametrize("action", ACTIONS)
+    @pytest.mark.parametrize("point", sorted(MATRIX_POINTS[target]))
+    def test_fault_then_recovery_is_exactly_once(point, action, recovery, matrix, tally):
+        result = matrix[point, action, recovery]
+        if isinstance(result, BaseException):
+            raise result
+        tally.add(result)
 
-
-def test_a_retried_commit_mirrors_the_offsets_that_a_failure_after_the_commit_left_unmirrored(
-        make_pipeline, tmp_path, tally):
-    """Regression: a failure between the commit and the offsets mirror used to
-    leave the consumer group stale for good, because the retry (or a clear)
-    found the window committed and returned no offsets to mirror. Window 0 is
-    planned but fails to commit, window 1 commits (the committed prefix is
-    still empty: nothing to mirror), then window 0's commit fails right after
-    committing and is retried."""
-    p = make_pipeline("mirror_after_retry", mirror=True)
-    h = Harness(p, tmp_path, faults={0: "commit.before_publish=raise*1,commit.after_commit=raise*1"})
-    assert h.run(0).failed_step == "commit"
-    assert h.run(1).summary["outcome"] == "published"
-    run = h.run(0, retries=1)
-    assert run.state == "success" and run.summary["outcome"] == "already_committed", h.history()
-    tally.add(check(h, WINDOWS))
+    return matrix, test_fault_then_recovery_is_exactly_once

@@ -1,0 +1,123 @@
+"""What the sink contract suite (tests/integration/test_sink_contract.py)
+needs to know of each registered target: how to make one in the test's
+services, and rows of its shape. The suite itself knows no target: it runs
+the same tests for every kind that ``airflow_eos.core.target`` registers, as
+Spark's and Flink's connector test bases do for each connector that supplies
+its environment. A new target registers its kind and adds its entry to
+:data:`CONTRACT_TARGETS` below (the suite fails for a registered kind
+without one)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psycopg
+import pyarrow as pa
+
+from airflow_eos.core.target import TargetSpec
+
+# What the whole suite stages: window i of a pipeline holds offsets
+# [i * PER_WINDOW, (i + 1) * PER_WINDOW) of each of two source partitions.
+PARTITIONS = 2
+
+
+@dataclass
+class Services:
+    """The real services of one test: a fresh ledger database, a directory,
+    and (asked for only by the targets that need it) the Kafka broker."""
+
+    pg_url: str
+    tmp_path: Path
+    fixture: Callable[[str], Any]  # pytest's request.getfixturevalue
+
+    @property
+    def kafka_config(self) -> dict:
+        return self.fixture("kafka_config")
+
+    def topic(self, partitions: int, prefix: str) -> str:
+        return self.fixture("topics").create(partitions=partitions, prefix=prefix)
+
+
+class ContractTarget:
+    """One registered target as the contract suite makes it."""
+
+    kind: str
+    on_committed: tuple[str, ...] = ("skip", "replace")  # what clearing a committed window may do
+    commit_points: frozenset[str] = frozenset({"commit.before_publish"})  # the commit fault points it reaches
+    decided_points: frozenset[str] = frozenset()  # those of them where the window's commit is decided already
+
+    def source_topic(self, services: Services) -> str:
+        """The source topic the windows are planned over (it must exist only
+        for a target that reads or writes the source's cluster)."""
+        return "orders"
+
+    def spec(self, services: Services, on_committed: str = "skip") -> TargetSpec:
+        """A bound spec of a new, empty target in ``services``."""
+        raise NotImplementedError
+
+    def batch(self, topic: str, partition: int, offsets: list[int], version: int) -> pa.RecordBatch:
+        """The rows a transform makes of these source records, lineage included."""
+        return pa.record_batch({
+            "id": pa.array([partition * 1_000_000 + o for o in offsets], pa.int64()),
+            "note": pa.array([f"v{version} {topic}/{partition}/{o}" for o in offsets]),
+            "eos_topic": pa.array([topic] * len(offsets)),
+            "eos_partition": pa.array([partition] * len(offsets), pa.int32()),
+            "eos_offset": pa.array(offsets, pa.int64()),
+        })
+
+
+class PostgresContract(ContractTarget):
+    kind = "postgres"
+    commit_points = frozenset({"commit.before_publish", "commit.after_publish"})
+
+    def spec(self, services: Services, on_committed: str = "skip") -> TargetSpec:
+        from airflow_eos.targets.postgres import PostgresTarget
+        with psycopg.connect(services.pg_url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS orders (id bigint NOT NULL, note text, eos_topic text NOT NULL,"
+                         " eos_partition integer NOT NULL, eos_offset bigint NOT NULL, eos_pipeline text NOT NULL,"
+                         " eos_window_start timestamptz NOT NULL)")
+        return PostgresTarget(services.pg_url, "orders", on_committed=on_committed)
+
+
+class FilesContract(ContractTarget):
+    kind = "files"
+    commit_points = frozenset({"commit.before_publish", "commit.after_decision", "commit.after_rename"})
+    decided_points = frozenset({"commit.after_decision", "commit.after_rename"})  # the ledger decided
+
+    def spec(self, services: Services, on_committed: str = "skip") -> TargetSpec:
+        from airflow_eos.targets.files import FileTarget
+        root = services.tmp_path / "lake"
+        os.makedirs(root, exist_ok=True)
+        return FileTarget(path=str(root), ledger_url=services.pg_url, on_committed=on_committed)
+
+
+class KafkaContract(ContractTarget):
+    kind = "kafka"
+    on_committed = ("skip",)  # a topic is append-only: the spec refuses "replace"
+    commit_points = frozenset({"commit.before_publish", "commit.after_publish", "commit.mid_produce",
+                               "commit.after_kafka_commit"})
+    decided_points = frozenset({"commit.after_kafka_commit"})  # Kafka decided; the ledger follows
+
+    def source_topic(self, services: Services) -> str:
+        return services.topic(PARTITIONS, "src")
+
+    def spec(self, services: Services, on_committed: str = "skip") -> TargetSpec:
+        from airflow_eos.targets.kafka import KafkaTarget
+        return KafkaTarget(topic=services.topic(3, "out"), key_column="key", value_column="value",
+                           ledger_url=services.pg_url, kafka_config=services.kafka_config, on_committed=on_committed)
+
+    def batch(self, topic: str, partition: int, offsets: list[int], version: int) -> pa.RecordBatch:
+        return pa.record_batch({
+            "key": pa.array([f"k{o}" for o in offsets]),
+            "value": pa.array([f"v{version} {topic}/{partition}/{o}" for o in offsets]),
+            "eos_topic": pa.array([topic] * len(offsets)),
+            "eos_partition": pa.array([partition] * len(offsets), pa.int32()),
+            "eos_offset": pa.array(offsets, pa.int64()),
+        })
+
+
+CONTRACT_TARGETS: dict[str, ContractTarget] = {c.kind: c for c in (PostgresContract(), FilesContract(),
+                                                                      KafkaContract())}
