@@ -35,5 +35,6 @@ def get_provider_info() -> dict:
         "triggers": [{"integration-name": "airflow-eos", "python-modules": ["airflow_eos.triggers.eos"]}],
         # The connections are the Kafka, Postgres and Spark providers' own types
         # (kafka, postgres, spark); these hooks only read them.
-        "hooks": [{"integration-name": "airflow-eos", "python-modules": ["airflow_eos.hooks.eos"]}],
+        "hooks": [{"integration-name": "airflow-eos",
+                   "python-modules": ["airflow_eos.hooks.eos", "airflow_eos.hooks.spark_stage"]}],
     }

@@ -17,7 +17,7 @@ import re
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import AssetAlias, TaskGroup
+from airflow.sdk import AssetAlias, TaskGroup, conf
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, check_skew_rule
 from airflow_eos.core.source import KafkaSource
@@ -53,7 +53,7 @@ def exactly_once_window(
     on_skewed_timestamp: str = ON_SKEWED_FAIL,
     max_records_per_task: int = 1_000_000,
     max_bad_records: int = 0,
-    deferrable: bool = False,
+    deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
     mirror_group_id: str | None = None,
     group_id: str = "window",
     spark_conf: dict[str, Any] | None = None,
@@ -78,9 +78,11 @@ def exactly_once_window(
         frozen) or ``"position"`` (the record is published in the window of its offset)
     :param max_records_per_task: Kafka ranges wider than this are split over Spark tasks
     :param max_bad_records: records rejected into the dead-letter table before the window fails
-    :param deferrable: plan and await_checkpoint wait in the triggerer, not a worker slot
+    :param deferrable: plan and await_checkpoint wait in the triggerer, not a worker slot (default:
+        Airflow's ``[operators] default_deferrable``, as for every provider's operators)
     :param mirror_group_id: also commit offsets to this Kafka consumer group (for lag tools)
-    :param stage_kwargs: more SparkSubmitOperator arguments for the stage task
+    :param stage_kwargs: more arguments of the stage task: BaseOperator's, and the Spark provider's
+        SparkSubmitHook's (executor_memory, py_files, ...)
     """
     if not isinstance(source, KafkaSource):
         raise ConfigurationError(f"source must be a KafkaSource, not {type(source).__name__}")

@@ -38,7 +38,6 @@ from openlineage.client.facet_v2 import (
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.sink import PUBLISHED, REPLACED, CommitOutcome
 from airflow_eos.core.target import TargetSpec, kafka_asset_uri
-from airflow_eos.core.windows import WindowPlan
 
 WINDOW_FACET = "eosWindow"
 _COMMIT_FIELDS = ("outcome", "committed_epoch", "published_rows", "dead_letter_rows", "replaced_rows", "announce")
@@ -116,7 +115,7 @@ def stage_lineage(stage: Any, staged: Mapping[str, Any] | None = None) -> Operat
     """EosSparkStageOperator's: its source's topics into its target; once it ran
     (``staged``: its XCom), the attempt's epoch and the records read per topic."""
     if staged is None:
-        window = WindowPlan.from_dict(stage.plan).window
+        window = stage.window_plan.window
         staged = {"pipeline": window.pipeline, "window_start": window.start.isoformat(),
                   "window_end": window.end.isoformat()}
     return window_lineage(kafka_config=stage.kafka_config, topics=stage.source.topics,

@@ -7,7 +7,7 @@ from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException
 from airflow_eos.core.target import TargetSpec, as_spec
 
@@ -25,7 +25,8 @@ class EosCheckpointSensor(BaseSensorOperator):
 
     :param target: the window's target spec (e.g. PostgresTarget)
     :param attempt: the stage task's attempt (its XCom; templated)
-    :param deferrable: wait in the triggerer instead of a worker slot
+    :param deferrable: wait in the triggerer instead of a worker slot (default: Airflow's
+        ``[operators] default_deferrable``)
     """
 
     template_fields: Sequence[str] = ("attempt",)
@@ -36,7 +37,7 @@ class EosCheckpointSensor(BaseSensorOperator):
         *,
         target: TargetSpec,
         attempt: Any,
-        deferrable: bool = False,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poke_interval: float = 10,
         **kwargs: Any,
     ) -> None:

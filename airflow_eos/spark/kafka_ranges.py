@@ -13,14 +13,13 @@ complete when a record at or beyond the end cut, or the end of the partition at 
 beyond it, was seen.  Reaching the end of the partition before the end cut means
 records the plan promised are gone; that is an error, never a short result.
 
-The rows have the schema of Spark's own Kafka source (with ``includeHeaders``),
-so a transform written for ``spark.read.format("kafka")`` works unchanged.
+The rows are Arrow batches in the schema of Spark's own Kafka source, built by
+:mod:`airflow_eos.spark.kafka_batches`.
 """
 
 from __future__ import annotations
 
 import bisect
-import gc
 import itertools
 import logging
 import math
@@ -31,16 +30,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import InputPartition
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from airflow_eos.core.errors import (
     LOG_TRUNCATED_ADVICE,
@@ -51,28 +40,18 @@ from airflow_eos.core.errors import (
 )
 from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.windows import PartitionRange, WindowPlan
+from airflow_eos.spark.kafka_batches import (
+    GcPause,
+    ReadStats,
+    RecordColumns,
+    arrow_kafka_schema,
+    emit_batch,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
-
-
-# Spark's Kafka source schema with includeHeaders=true (KafkaRecordToRowConverter):
-# every field nullable, as there.
-KAFKA_SCHEMA = StructType([
-    StructField("key", BinaryType()),
-    StructField("value", BinaryType()),
-    StructField("topic", StringType()),
-    StructField("partition", IntegerType()),
-    StructField("offset", LongType()),
-    StructField("timestamp", TimestampType()),
-    StructField("timestampType", IntegerType()),
-    StructField("headers", ArrayType(StructType([
-        StructField("key", StringType()),
-        StructField("value", BinaryType()),
-    ]))),
-])
 
 
 # bench/bench_read.py (now folded into bench/run.py) measured 5k, 20k and 50k rows per batch alike (within the
@@ -146,115 +125,6 @@ def plan_tasks(plan: WindowPlan, max_records_per_task: int) -> list[KafkaRangePa
 # --------------------------------------------------------------------------- reading one range
 
 
-def _arrow_schema() -> "pa.Schema":
-    # Spark checks a yielded batch's schema for equality with its own conversion
-    # of the declared schema (field names, nullability, list element names).
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
-
-
-class _Columns:
-    """Records of one range accumulated column-wise, turned into Arrow batches.
-
-    Columns are filled with ``map`` over confluent-kafka's Message methods, which
-    runs the per-record calls in C rather than in a Python loop."""
-
-    def __init__(self, topic: str, partition: int, schema: "pa.Schema"):
-        self.topic = topic
-        self.partition = partition
-        self.schema = schema
-        self.clear()
-
-    def clear(self) -> None:
-        self.keys: list = []
-        self.values: list = []
-        self.offsets: list[int] = []
-        self.timestamps: list[tuple[int, int]] = []
-        self.headers: list = []
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def extend(self, records: list, offsets: list[int]) -> None:
-        from confluent_kafka import Message
-
-        self.keys.extend(map(Message.key, records))
-        self.values.extend(map(Message.value, records))
-        self.offsets.extend(offsets)
-        self.timestamps.extend(map(Message.timestamp, records))
-        self.headers.extend(map(Message.headers, records))
-
-    def to_batch(self) -> "pa.RecordBatch":
-        import numpy as np
-        import pyarrow as pa
-
-        n = len(self.offsets)
-        types = [f.type for f in self.schema]
-        ts_types, ts_millis = zip(*self.timestamps)
-        # numpy, not pyarrow.compute: the latter's first call costs ~1.5 s (kernel
-        # registry start-up) in every fresh Python worker.
-        timestamps = pa.array(np.asarray(ts_millis, dtype=np.int64) * 1000, pa.int64()).view(types[5])
-        # confluent-kafka's timestamp types (0 none, 1 create, 2 log append) are
-        # Kafka's ids (-1, 0, 1), which Spark's Kafka source exposes, plus one.
-        kafka_ts_types = pa.array(np.asarray(ts_types, dtype=np.int32) - 1, types[6])
-        if self.headers.count(None) == n:
-            headers = pa.nulls(n, types[7])  # Spark's Kafka source: null when a record has none
-        else:
-            headers = pa.array(self.headers, types[7])
-        arrays = [
-            pa.array(self.keys, types[0]),
-            pa.array(self.values, types[1]),
-            pa.repeat(pa.scalar(self.topic, types[2]), n),
-            pa.repeat(pa.scalar(self.partition, types[3]), n),
-            pa.array(self.offsets, types[4]),
-            timestamps,
-            kafka_ts_types,
-            headers,
-        ]
-        self.clear()
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
-
-
-@dataclass
-class ReadStats:
-    """What one task did and where its time went (seconds)."""
-
-    records: int = 0
-    batches: int = 0
-    warm_up_s: float = 0.0  # a fresh worker's one-time imports
-    connect_s: float = 0.0  # consumer creation and assignment, until the first answer
-    fetch_s: float = 0.0  # in consume(): waiting, and librdkafka handing over messages
-    decode_s: float = 0.0  # taking records apart into columns
-    arrow_s: float = 0.0  # building Arrow batches
-    downstream_s: float = 0.0  # Spark consuming the batches we yielded
-    total_s: float = 0.0
-
-    def summary(self) -> str:
-        rate = self.records / self.total_s if self.total_s > 0 else 0.0
-        return (f"{self.records} records in {self.batches} batches, {self.total_s:.2f}s ({rate:,.0f} rec/s): "
-                f"warm-up {self.warm_up_s:.2f}s, connect {self.connect_s:.2f}s, fetch {self.fetch_s:.2f}s, "
-                f"decode {self.decode_s:.2f}s, arrow {self.arrow_s:.2f}s, downstream {self.downstream_s:.2f}s")
-
-
-class _GcPause:
-    """Pauses Python's cyclic garbage collector while the reader runs, not while
-    Spark runs between our batches. consume() creates ~10k GC-tracked messages a
-    call and the collector's passes over them halved read throughput (measured:
-    ~450k -> ~900k records/s per task). The reader creates no reference cycles."""
-
-    def __init__(self) -> None:
-        self.owned = gc.isenabled()  # if someone else disabled it, leave it alone
-
-    def pause(self) -> None:
-        if self.owned:
-            gc.disable()
-
-    def resume(self) -> None:
-        if self.owned:
-            gc.enable()
-
-
 def read_range(
     kafka_config: Mapping[str, Any],
     task: KafkaRangePartition,
@@ -270,10 +140,9 @@ def read_range(
     error (LogTruncated, OffsetsExpired, UnknownTopic, SourceUnavailable) — never
     fewer records because the log ended early.
     """
-    from confluent_kafka import KafkaError, Message
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    from airflow_eos.core.source import client_errors, consumer_config, reader
+    from airflow_eos.core.source import consumer_config, reader
 
     stats = stats if stats is not None else ReadStats()
     start, end = task.start_offset, task.end_offset
@@ -286,101 +155,148 @@ def read_range(
         **{"queued.min.messages": max(1_000, min(100_000, end - start))},
     )
     consumer = reader(config, f"a Kafka consumer for {task}")
-    columns = _Columns(task.topic, task.partition, _arrow_schema())
-    next_offset = start  # every offset below this one is accounted for
-    reached = start  # the log has been read up to here (records, or end of partition)
-    answered = False
-    short_since: float | None = None  # since when the partition has looked shorter than the plan
-    silence_checked = False
-    last_answer = last_progress_log = time.perf_counter()
-    gc_pause = _GcPause()
+    read = _RangeRead(kafka_config, config, task, stats, began)
+    gc_pause = GcPause()
     gc_pause.pause()
     try:
         consumer.assign([KafkaTopicPartition(task.topic, task.partition, start)])
-        while next_offset < end:
+        while read.next_offset < end:
             t0 = time.perf_counter()
             msgs = consumer.consume(num_messages=_CONSUME_BATCH, timeout=_CONSUME_WAIT_S)
             t1 = time.perf_counter()
             stats.fetch_s += t1 - t0
-            done = False
-            if msgs:
-                if not answered:
-                    answered = True
-                    stats.connect_s = t1 - began
-                last_answer = t1
-                silence_checked = False
-                errors = list(map(Message.error, msgs))
-                # (KafkaError cannot be compared with None: no errors.count(None).)
-                if not any(map(operator.is_not, errors, itertools.repeat(None))):
-                    records, events = msgs, ()
-                else:
-                    records = [m for m, e in zip(msgs, errors) if e is None]
-                    events = [(m, e) for m, e in zip(msgs, errors) if e is not None]
-                if records:
-                    offsets = list(map(Message.offset, records))
-                    if not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
-                        # librdkafka delivers a partition in offset order; if it ever
-                        # does not, order and de-duplicate rather than yield twice.
-                        by_offset = dict(sorted(zip(offsets, records)))
-                        offsets, records = list(by_offset), list(by_offset.values())
-                    lo = bisect.bisect_left(offsets, next_offset)  # below: already yielded
-                    hi = bisect.bisect_left(offsets, end)  # from here: beyond the range
-                    done = hi < len(offsets)
-                    if lo < hi:
-                        if lo or hi < len(offsets):
-                            records, offsets = records[lo:hi], offsets[lo:hi]
-                        columns.extend(records, offsets)
-                        next_offset = offsets[-1] + 1
-                        reached = max(reached, next_offset)
-                        short_since = None  # records after an end of partition: the log grew
-                for msg, err in events if not done else ():  # once done, nothing else matters
-                    code = err.code()
-                    if code == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= end:
-                            done = True  # the rest of the range is offsets without records (markers)
-                        elif msg.offset() >= next_offset:
-                            # Offsets between the last record and the end of partition
-                            # are markers: the log has been read up to here.
-                            reached = max(reached, msg.offset())
-                            short_since = short_since or t1
-                        continue
-                    error = kafka_error(err, str(task), offset=next_offset)
-                    if isinstance(error, OffsetsExpired):
-                        _diagnose(kafka_config, task, reached)  # raises a more precise error if it can
-                    if error is not None:
-                        raise error
-                    # transient; the poll timeout bounds how long we tolerate it
-            now = time.perf_counter()
-            stats.decode_s += now - t1
-            finished = done or next_offset >= end
-            if len(columns) >= batch_rows or (finished and len(columns)):
-                yield from _emit(columns, stats, gc_pause)
+            done = read.take(msgs, t1) if msgs else False
+            stats.decode_s += time.perf_counter() - t1
+            finished = done or read.next_offset >= end
+            if len(read.columns) >= batch_rows or (finished and len(read.columns)):
+                yield from emit_batch(read.columns, stats, gc_pause)
             if finished:
                 break
-            now = time.perf_counter()
-            if short_since is not None and now - short_since >= end_grace_s:
-                # End of partition before the end cut and nothing new since: confirm by
-                # reading the log's bounds (raises). If they contradict the end of
-                # partition, keep waiting for the records, up to the poll timeout.
-                _diagnose(kafka_config, task, reached)
-                short_since = None
-            if not msgs and not silence_checked and now - last_answer >= end_grace_s:
-                # Some brokers answer a fetch beyond the end of the log with silence
-                # rather than an error: check whether there is anything left to read.
-                silence_checked = True
-                _diagnose(kafka_config, task, reached)
-            if not msgs and now - last_answer >= poll_timeout_s:
-                raise SourceUnavailable(
-                    f"{task}: no answer from Kafka at {config['bootstrap.servers']} for {poll_timeout_s:.0f}s "
-                    f"while reading at offset {next_offset}{client_errors(config).hint(config['bootstrap.servers'])}"
-                )
-            if now - last_progress_log >= PROGRESS_EVERY_S:
-                last_progress_log = now
-                log.info("%s: %d records so far, at offset %d", task, stats.records + len(columns), next_offset)
+            read.check_waiting(bool(msgs), time.perf_counter(), end_grace_s=end_grace_s,
+                               poll_timeout_s=poll_timeout_s)
     finally:
         gc_pause.resume()
         consumer.close()
         stats.total_s = time.perf_counter() - began
+
+
+class _RangeRead:
+    """Where the read of one range stands, and what each answer of the
+    consumer means for it: records taken into the columns, the end of the
+    partition, errors; and, while no answer completes the range, whether the
+    log can still hold the rest of it."""
+
+    def __init__(self, kafka_config: Mapping[str, Any], config: Mapping[str, Any], task: KafkaRangePartition,
+                 stats: ReadStats, began: float):
+        self.kafka_config = kafka_config
+        self.config = config
+        self.task = task
+        self.stats = stats
+        self.began = began
+        self.columns = RecordColumns(task.topic, task.partition, arrow_kafka_schema())
+        self.next_offset = task.start_offset  # every offset below this one is accounted for
+        self.reached = task.start_offset  # the log has been read up to here (records, or end of partition)
+        self.answered = False
+        self.short_since: float | None = None  # since when the partition has looked shorter than the plan
+        self.silence_checked = False
+        self.last_answer = self.last_progress_log = time.perf_counter()
+
+    def take(self, msgs: list, at: float) -> bool:
+        """Take one non-empty answer of the consumer (``at``: when it came);
+        True once the range is complete (a record or end of partition at or
+        beyond its end cut)."""
+        from confluent_kafka import Message
+
+        if not self.answered:
+            self.answered = True
+            self.stats.connect_s = at - self.began
+        self.last_answer = at
+        self.silence_checked = False
+        errors = list(map(Message.error, msgs))
+        # (KafkaError cannot be compared with None: no errors.count(None).)
+        if not any(map(operator.is_not, errors, itertools.repeat(None))):
+            records, events = msgs, ()
+        else:
+            records = [m for m, e in zip(msgs, errors) if e is None]
+            events = [(m, e) for m, e in zip(msgs, errors) if e is not None]
+        done = self._take_records(records) if records else False
+        if done:  # once done, nothing else matters
+            return True
+        return self._take_events(events, at)
+
+    def _take_records(self, records: list) -> bool:
+        """Buffer the records of the range not yielded yet; True if the answer
+        reaches beyond the end cut."""
+        from confluent_kafka import Message
+
+        offsets = list(map(Message.offset, records))
+        if not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
+            # librdkafka delivers a partition in offset order; if it ever
+            # does not, order and de-duplicate rather than yield twice.
+            by_offset = dict(sorted(zip(offsets, records)))
+            offsets, records = list(by_offset), list(by_offset.values())
+        lo = bisect.bisect_left(offsets, self.next_offset)  # below: already yielded
+        hi = bisect.bisect_left(offsets, self.task.end_offset)  # from here: beyond the range
+        beyond = hi < len(offsets)
+        if lo < hi:
+            if lo or hi < len(offsets):
+                records, offsets = records[lo:hi], offsets[lo:hi]
+            self.columns.extend(records, offsets)
+            self.next_offset = offsets[-1] + 1
+            self.reached = max(self.reached, self.next_offset)
+            self.short_since = None  # records after an end of partition: the log grew
+        return beyond
+
+    def _take_events(self, events, at: float) -> bool:
+        """Ends of partition and errors; True if the partition ended at or
+        beyond the end cut. A fatal error is raised; a transient one is left to
+        the poll timeout, which bounds how long it is tolerated."""
+        from confluent_kafka import KafkaError
+
+        done = False
+        for msg, err in events:
+            if err.code() == KafkaError._PARTITION_EOF:
+                if msg.offset() >= self.task.end_offset:
+                    done = True  # the rest of the range is offsets without records (markers)
+                elif msg.offset() >= self.next_offset:
+                    # Offsets between the last record and the end of partition
+                    # are markers: the log has been read up to here.
+                    self.reached = max(self.reached, msg.offset())
+                    self.short_since = self.short_since or at
+                continue
+            error = kafka_error(err, str(self.task), offset=self.next_offset)
+            if isinstance(error, OffsetsExpired):
+                _diagnose(self.kafka_config, self.task, self.reached)  # raises a more precise error if it can
+            if error is not None:
+                raise error
+        return done
+
+    def check_waiting(self, answered: bool, now: float, *, end_grace_s: float, poll_timeout_s: float) -> None:
+        """While the range is not complete: raise if the log cannot hold the rest
+        of it (read from its bounds) or Kafka stopped answering; log progress."""
+        if self.short_since is not None and now - self.short_since >= end_grace_s:
+            # End of partition before the end cut and nothing new since: confirm by
+            # reading the log's bounds (raises). If they contradict the end of
+            # partition, keep waiting for the records, up to the poll timeout.
+            _diagnose(self.kafka_config, self.task, self.reached)
+            self.short_since = None
+        if not answered and not self.silence_checked and now - self.last_answer >= end_grace_s:
+            # Some brokers answer a fetch beyond the end of the log with silence
+            # rather than an error: check whether there is anything left to read.
+            self.silence_checked = True
+            _diagnose(self.kafka_config, self.task, self.reached)
+        if not answered and now - self.last_answer >= poll_timeout_s:
+            from airflow_eos.core.source import client_errors
+
+            servers = self.config["bootstrap.servers"]
+            raise SourceUnavailable(
+                f"{self.task}: no answer from Kafka at {servers} for {poll_timeout_s:.0f}s "
+                f"while reading at offset {self.next_offset}{client_errors(self.config).hint(servers)}"
+            )
+        if now - self.last_progress_log >= PROGRESS_EVERY_S:
+            self.last_progress_log = now
+            log.info("%s: %d records so far, at offset %d", self.task,
+                     self.stats.records + len(self.columns), self.next_offset)
 
 
 def read_records(kafka_config: Mapping[str, Any], topic: str, partition: int,
@@ -413,20 +329,6 @@ def read_records(kafka_config: Mapping[str, Any], topic: str, partition: int,
     return found
 
 
-def _emit(columns: _Columns, stats: ReadStats, gc_pause: _GcPause) -> Iterator["pa.RecordBatch"]:
-    t0 = time.perf_counter()
-    rows = len(columns)
-    batch = columns.to_batch()
-    t1 = time.perf_counter()
-    stats.arrow_s += t1 - t0
-    stats.records += rows
-    stats.batches += 1
-    gc_pause.resume()
-    yield batch
-    gc_pause.pause()
-    stats.downstream_s += time.perf_counter() - t1
-
-
 def _diagnose(kafka_config: Mapping[str, Any], task: KafkaRangePartition, reached: int) -> None:
     """Raise OffsetsExpired or LogTruncated if the log, read from its beginning,
     cannot hold what is left of ``task`` (read up to ``reached``); return if it
@@ -451,5 +353,5 @@ def _diagnose(kafka_config: Mapping[str, Any], task: KafkaRangePartition, reache
         )
 
 
-__all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_END_GRACE_S", "DEFAULT_POLL_TIMEOUT_S", "KAFKA_SCHEMA", "READER_KAFKA_DEFAULTS",
+__all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_END_GRACE_S", "DEFAULT_POLL_TIMEOUT_S", "READER_KAFKA_DEFAULTS",
            "KafkaRangePartition", "ReadStats", "plan_tasks", "read_range", "read_records", "split_range"]

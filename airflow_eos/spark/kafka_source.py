@@ -3,7 +3,8 @@
 The stage step's Spark job reads a window through this source; it never decides
 what to read, it only reads what the plan froze: one Spark task per planned range,
 or per piece of a wide one, each read exactly by :mod:`airflow_eos.spark.kafka_ranges`
-(which says when a range is complete, and what it is when it cannot be).
+(which says when a range is complete, and what it is when it cannot be) into
+Arrow batches of Spark's Kafka source schema (:mod:`airflow_eos.spark.kafka_batches`).
 
 Usage::
 
@@ -40,14 +41,13 @@ from pyspark.sql.types import StructType
 
 from airflow_eos.core.errors import ConfigurationError, EosError
 from airflow_eos.core.windows import WindowPlan
+from airflow_eos.spark.kafka_batches import KAFKA_SCHEMA, ReadStats
 from airflow_eos.spark.kafka_ranges import (
     DEFAULT_BATCH_ROWS,
     DEFAULT_END_GRACE_S,
     DEFAULT_POLL_TIMEOUT_S,
-    KAFKA_SCHEMA,
     READER_KAFKA_DEFAULTS,
     KafkaRangePartition,
-    ReadStats,
     plan_tasks,
     read_range,
     split_range,
@@ -80,7 +80,7 @@ DEFAULT_MAX_RECORDS_PER_TASK = 500_000
 
 
 def plan_options(
-    plan: WindowPlan | str,
+    plan: WindowPlan,
     kafka_config: Mapping[str, Any],
     *,
     max_records_per_task: int | None = None,
@@ -92,8 +92,7 @@ def plan_options(
 ) -> dict[str, str]:
     """The string options that make this source read ``plan``; ``report`` and
     ``report_options``: the completed-range hook (see the module docstring)."""
-    plan_json = plan if isinstance(plan, str) else plan.to_json()
-    options = {OPT_PLAN: plan_json}
+    options = {OPT_PLAN: plan.to_json()}
     if report is not None:
         options[OPT_REPORT] = report
         for key, value in (report_options or {}).items():
@@ -276,7 +275,7 @@ def register(spark: "SparkSession") -> None:
 
 def read_plan(
     spark: "SparkSession",
-    plan: WindowPlan | str,
+    plan: WindowPlan,
     kafka_config: Mapping[str, Any],
     **options: Any,
 ) -> "DataFrame":
@@ -285,10 +284,9 @@ def read_plan(
     ``options``: max_records_per_task, arrow_batch_rows, end_grace_s, poll_timeout_s,
     report, report_options.
     """
-    parsed = plan if isinstance(plan, WindowPlan) else WindowPlan.from_json(plan)
-    log.info("plan of %s: %d ranges, %d offsets", parsed.window, len(parsed.ranges), parsed.max_records)
+    log.info("plan of %s: %d ranges, %d offsets", plan.window, len(plan.ranges), plan.max_records)
     register(spark)
-    return spark.read.format(FORMAT_NAME).options(**plan_options(parsed, kafka_config, **options)).load()
+    return spark.read.format(FORMAT_NAME).options(**plan_options(plan, kafka_config, **options)).load()
 
 
 __all__ = [

@@ -132,13 +132,14 @@ from airflow_eos.spark.stage_files import stage_files
 from airflow_eos.spark.stage_report import (
     StageFailed,
     StageReport,
-    _abort_quietly,
-    _attempt_state,
-    _failure,
-    _log_plan,
-    _make_active,
-    _report,
+    abort_after_failure,
+    checkpointed_report,
+    describe_attempt_state,
+    log_plan,
+    log_report,
+    make_session_active,
     read_transformed,
+    spark_failure,
 )
 from airflow_eos.spark.stage_settings import (
     DEFAULT_ROWS_PER_CHUNK,
@@ -179,8 +180,8 @@ def _check_attempt(target: Sink, plan: WindowPlan, attempt: Attempt) -> None:
 
 def run_stage(
     spark: "SparkSession",
-    plan: WindowPlan | str | Mapping,
-    attempt: Attempt | Mapping,
+    plan: WindowPlan,
+    attempt: Attempt,
     target: Sink,
     kafka_config: Mapping[str, Any],
     transform: str | Callable[["DataFrame"], "DataFrame"] | None = None,
@@ -195,7 +196,9 @@ def run_stage(
     checkpoint holds; raises StageFailed (or a configuration error before any
     Spark work) otherwise, having aborted the attempt.
 
-    ``attempt`` must be open (``target.begin`` made it); ``target`` is a bound
+    ``plan`` and ``attempt`` arrive parsed: whoever received them as text or
+    a dict (the operator from XCom, job.py from its command line) parsed them
+    once. ``attempt`` must be open (``target.begin`` made it); ``target`` is a bound
     target's Sink (a PostgresTarget with its URL, a FileSink, ...). A sink with
     a :meth:`~airflow_eos.core.sink.Sink.spark_output` is written by Spark's own
     Parquet writer (:func:`~airflow_eos.spark.stage_files.stage_files`); any other through the eos_staging
@@ -203,12 +206,6 @@ def run_stage(
     (arrow_batch_rows, end_grace_s, poll_timeout_s).
     """
     started = time.perf_counter()
-    if isinstance(plan, str):
-        plan = WindowPlan.from_json(plan)
-    elif isinstance(plan, Mapping):
-        plan = WindowPlan.from_dict(plan)
-    if isinstance(attempt, Mapping):
-        attempt = Attempt.from_dict(attempt)
     url = target.ledger.url  # a PostgresTarget without its URL: ConfigurationError
     if max_bad_records < 0 or max_records_per_task < 1 or rows_per_chunk < 1:
         raise ConfigurationError("max_bad_records must be >= 0, max_records_per_task and rows_per_chunk >= 1")
@@ -217,15 +214,26 @@ def run_stage(
     try:
         output = target.spark_output(attempt)
     except Exception as exc:
-        _abort_quietly(target, attempt, f"stage job run {run} failed before writing: {exc}")
+        abort_after_failure(target, attempt, f"stage job run {run} failed before writing: {exc}")
         raise
     if output is not None:
         return stage_files(spark, plan, attempt, target, output, kafka_config, transform, run=run,
                            started=started, max_records_per_task=max_records_per_task,
                            max_bad_records=max_bad_records, read_options=read_options)
+    return _stage_rows(spark, plan, attempt, target, kafka_config, transform, url=url, run=run, started=started,
+                       max_records_per_task=max_records_per_task, max_bad_records=max_bad_records,
+                       rows_per_chunk=rows_per_chunk, read_options=read_options)
+
+
+def _stage_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink,
+                kafka_config: Mapping[str, Any], transform, *, url: str, run: str, started: float,
+                max_records_per_task: int, max_bad_records: int, rows_per_chunk: int,
+                read_options: Mapping[str, Any] | None) -> StageReport:
+    """run_stage's path for a sink that takes rows: the ``eos_staging`` data
+    source's write tasks stage them, its job commit writes the checkpoint."""
     log.info("staging %s (run %s) into %s: %d planned range(s), at most %d records, max_bad_records=%d",
              attempt, run, target.label, len(plan.ranges), plan.max_records, max_bad_records)
-    _log_plan(plan)
+    log_plan(plan)
     try:
         staging = target.writer(attempt)
         not_null = target.not_null_columns(staging.columns)
@@ -236,27 +244,24 @@ def run_stage(
                                  kafka_config=kafka_config)
     except Exception as exc:
         # Nothing was staged; end the attempt rather than leave it for the abort task or the sweep.
-        _abort_quietly(target, attempt, f"stage job run {run} failed before writing: {exc}")
+        abort_after_failure(target, attempt, f"stage job run {run} failed before writing: {exc}")
         raise
     setup = time.perf_counter()
     log.info("%s: set up in %.2fs (transform %s); running the Spark job (read + transform + stage + checkpoint)",
              attempt, setup - started, transform if isinstance(transform, str) or transform is None
              else getattr(transform, "__qualname__", transform))
-    _make_active(spark)
+    make_session_active(spark)
     try:
         rows.write.format(FORMAT_NAME).mode("append").options(**settings.to_options()).save()
     except Exception as exc:
-        message, error = _failure(exc)
-        state = _attempt_state(target, attempt)
+        message, error = spark_failure(exc)
+        state = describe_attempt_state(target, attempt)
         raise StageFailed(f"the stage job of {attempt} failed ({state}): {message}", error=error) from exc
     finished = time.perf_counter()
-    report = _report(target, attempt, run, {"setup": setup - started, "job": finished - setup})
+    report = checkpointed_report(target, attempt, run, {"setup": setup - started, "job": finished - setup})
     report.seconds["total"] = time.perf_counter() - started
-    log.info("%s", report)
-    for r in report.consumed:
-        log.info("  read %s [%d, %d): %d records", r.tp, r.start_offset, r.end_offset, r.records)
+    log_report(report)
     return report
-
 
 
 __all__ = [

@@ -26,13 +26,14 @@ from airflow_eos.spark.layout import RAW_COLUMNS, Layout, writer_input
 from airflow_eos.spark.stage_report import (
     StageFailed,
     StageReport,
-    _abort_quietly,
-    _attempt_state,
-    _failure,
-    _log_plan,
-    _make_active,
-    _report,
+    abort_after_failure,
+    checkpointed_report,
+    describe_attempt_state,
+    log_plan,
+    log_report,
+    make_session_active,
     read_transformed,
+    spark_failure,
 )
 from airflow_eos.spark.stage_settings import (
     read_coverage,
@@ -69,7 +70,7 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
     where = output.data
     log.info("staging %s (run %s) into %s with Spark's Parquet writer: %d planned range(s), at most %d records, "
              "max_bad_records=%d", attempt, run, where, len(plan.ranges), plan.max_records, max_bad_records)
-    _log_plan(plan)
+    log_plan(plan)
     try:
         cleared = target.clear_writes(attempt)
         if cleared:
@@ -78,12 +79,12 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
                                    max_records_per_task=max_records_per_task, read_options=read_options)
         rows, layout = _file_rows(out, output, target, strict=fn is not None)
     except Exception as exc:
-        _abort_quietly(target, attempt, f"stage job run {run} failed before writing: {exc}")
+        abort_after_failure(target, attempt, f"stage job run {run} failed before writing: {exc}")
         raise
     setup = time.perf_counter()
     log.info("%s: set up in %.2fs; writing %d column(s) %s (read + transform + write, then the checkpoint)",
              attempt, setup - started, len(layout.staged), list(layout.staged))
-    _make_active(spark)
+    make_session_active(spark)
     persisted = None
     try:
         data, dead_count = rows, 0
@@ -103,27 +104,32 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
         chunks = target.staged_chunks(attempt)
         target.checkpoint(attempt, [r for r, _ in reported], chunks)
     except Exception as exc:
-        message, error = (f"{type(exc).__name__}: {exc}", type(exc).__name__) if isinstance(exc, EosError) \
-            else _failure(exc)
-        full = _disk_full(exc, output.data)
-        if full is not None:
-            message = full
-        _abort_quietly(target, attempt, f"stage job run {run} failed: {message}")
-        if full is not None:
-            _close_failed_writes(spark)
-        state = _attempt_state(target, attempt)
-        raise StageFailed(f"the stage job of {attempt} failed ({state}): {message}", error=error) from exc
+        raise _write_failed(spark, exc, target, attempt, run, output.data) from exc
     finally:
         if persisted is not None:
             persisted.unpersist()
     finished = time.perf_counter()
-    report = _report(target, attempt, run, {"setup": setup - started, "job": written - setup,
-                                            "checkpoint": finished - written})
+    report = checkpointed_report(target, attempt, run, {"setup": setup - started, "job": written - setup,
+                                                        "checkpoint": finished - written})
     report.seconds["total"] = time.perf_counter() - started
-    log.info("%s", report)
-    for r in report.consumed:
-        log.info("  read %s [%d, %d): %d records", r.tp, r.start_offset, r.end_offset, r.records)
+    log_report(report)
     return report
+
+
+def _write_failed(spark: "SparkSession", exc: Exception, target: Sink, attempt: Attempt, run: str,
+                  where: str) -> StageFailed:
+    """The error a failed write or checkpoint ends the job with, the attempt
+    aborted first (and, when the disk is full, Spark's half-written files closed)."""
+    message, error = (f"{type(exc).__name__}: {exc}", type(exc).__name__) if isinstance(exc, EosError) \
+        else spark_failure(exc)
+    full = _disk_full(exc, where)
+    if full is not None:
+        message = full
+    abort_after_failure(target, attempt, f"stage job run {run} failed: {message}")
+    if full is not None:
+        _close_failed_writes(spark)
+    state = describe_attempt_state(target, attempt)
+    return StageFailed(f"the stage job of {attempt} failed ({state}): {message}", error=error)
 
 
 # strerror of ENOSPC and EDQUOT, as the JVM's IOException and Python's OSError say them

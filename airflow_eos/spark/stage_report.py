@@ -76,7 +76,7 @@ class StageReport:
                 f"{self.dead_letters} dead letters, {self.chunks} chunk(s){rate}; {phases}")
 
 
-def _failure(exc: BaseException) -> tuple[str, str | None]:
+def spark_failure(exc: BaseException) -> tuple[str, str | None]:
     """The cause of a failed Spark job as a person needs it: our error's class
     and message, found in the Python traceback Spark wraps it in."""
     names: set[str] = set()
@@ -101,12 +101,20 @@ def _failure(exc: BaseException) -> tuple[str, str | None]:
     return f"{match.group(1)}: " + "\n".join(lines), match.group(1)
 
 
-def _log_plan(plan: WindowPlan) -> None:
+def log_plan(plan: WindowPlan) -> None:
+    """Log the plan's ranges, one line each, as the job starts."""
     for r in plan.ranges:
         log.info("  planned %s [%d, %d): %d offsets", r.tp, r.start_offset, r.end_offset, r.width)
 
 
-def _make_active(spark: "SparkSession") -> None:
+def log_report(report: StageReport) -> None:
+    """Log what a finished job run checkpointed, and each range it read."""
+    log.info("%s", report)
+    for r in report.consumed:
+        log.info("  read %s [%d, %d): %d records", r.tp, r.start_offset, r.end_offset, r.records)
+
+
+def make_session_active(spark: "SparkSession") -> None:
     """Spark finds a Python data source to write to through the JVM thread's
     *active* session, which only the thread that built the session has: from any
     other thread (two windows staged at once in one process) the write would fail
@@ -116,14 +124,17 @@ def _make_active(spark: "SparkSession") -> None:
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
 
 
-def _abort_quietly(target: Sink, attempt: Attempt, reason: str) -> None:
+def abort_after_failure(target: Sink, attempt: Attempt, reason: str) -> None:
+    """Abort ``attempt`` after the job failed, keeping the job's own error the
+    one raised: a failed abort is logged, and the abort task or the sweep ends it."""
     try:
         target.abort(attempt, reason[:MAX_ERROR_CHARS])
     except Exception as exc:  # noqa: BLE001 - the original failure matters more; the abort task retries
         log.warning("could not abort %s after its failure: %s", attempt, exc)
 
 
-def _attempt_state(target: Sink, attempt: Attempt) -> str:
+def describe_attempt_state(target: Sink, attempt: Attempt) -> str:
+    """The attempt's state in words, for the message of a failed job."""
     try:
         with target.ledger.connect() as conn:
             status = attempts.load_status(conn, attempt)
@@ -134,7 +145,9 @@ def _attempt_state(target: Sink, attempt: Attempt) -> str:
     return f"attempt {status.state}"
 
 
-def _report(target: Sink, attempt: Attempt, run: str, seconds: dict[str, float]) -> StageReport:
+def checkpointed_report(target: Sink, attempt: Attempt, run: str, seconds: dict[str, float]) -> StageReport:
+    """The StageReport of a job run that finished, read back from the checkpoint
+    and the read tasks' records; StageFailed if the attempt is not checkpointed."""
     with target.ledger.connect() as conn:
         status = attempts.load_status(conn, attempt)
         checkpoint = attempts.load_checkpoint(conn, attempt)

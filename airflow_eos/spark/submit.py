@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import error_class
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.target import TargetSpec, target_from_dict, with_kind
+from airflow_eos.core.windows import WindowPlan
 
 TARGET_ENV = "EOS_TARGET_JSON"
 KAFKA_CONFIG_ENV = "EOS_KAFKA_CONFIG_JSON"
@@ -41,6 +43,18 @@ REPORT_LINE = "EOS_STAGE_REPORT "
 def stage_job_path() -> str:
     """The file ``spark-submit`` runs; it ships inside this package."""
     return str(Path(__file__).with_name("job.py"))
+
+
+def stage_job_arguments(plan: WindowPlan, attempt: Attempt, *, max_records_per_task: int, max_bad_records: int,
+                        transform: str | None) -> list[str]:
+    """The command line of the stage job for one attempt (after the job's path)."""
+    return [
+        "--plan", plan.to_json(),
+        "--attempt", json.dumps(attempt.to_dict()),
+        "--max-records-per-task", str(max_records_per_task),
+        "--max-bad-records", str(max_bad_records),
+        *(["--transform", transform] if transform else []),
+    ]
 
 
 def stage_job_environment(target: TargetSpec, kafka_config: dict, *, local: bool) -> dict[str, str]:
@@ -117,3 +131,17 @@ def job_error(line: str) -> JobError | None:
 def job_report(line: str) -> dict | None:
     """The job's report, if ``line`` of its output is its report line."""
     return _payload(line, REPORT_LINE)
+
+
+class StageJobOutput:
+    """What the stage job said, from its output read line by line as it runs
+    (``read``, e.g. a spark-submit hook's output callback): its error and its
+    report, each None until its line came."""
+
+    def __init__(self) -> None:
+        self.error: JobError | None = None
+        self.report: dict | None = None
+
+    def read(self, line: str) -> None:
+        self.error = job_error(line) or self.error
+        self.report = job_report(line) or self.report

@@ -281,9 +281,10 @@ def test_spark_submit_with_master_from_outside(kafka_config, gappy_log, tmp_path
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
         import json, sys
+        from airflow_eos.core.windows import WindowPlan
         from airflow_eos.spark import read_plan, spark_session
         spark = spark_session("eos-submit-test", master="local[1]", conf={"spark.sql.shuffle.partitions": "9"})
-        df = read_plan(spark, sys.argv[1], json.loads(sys.argv[2]))
+        df = read_plan(spark, WindowPlan.from_json(sys.argv[1]), json.loads(sys.argv[2]))
         print("RESULT " + json.dumps({"count": df.count(), "master": spark.sparkContext.master,
                                       "shuffle": spark.conf.get("spark.sql.shuffle.partitions"),
                                       "ui": spark.conf.get("spark.ui.enabled")}))

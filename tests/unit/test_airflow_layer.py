@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
+import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -50,8 +52,8 @@ def test_window_comes_from_the_data_interval_and_fields_are_templated():
     assert plan.window_start == "{{ data_interval_start }}" and plan.window_end == "{{ data_interval_end }}"
     assert {"pipeline", "topics", "window_start", "window_end"} <= set(plan.template_fields)
     stage = dag.get_task("window.stage")
-    assert {"plan", "transform", "application_args", "env_vars"} <= set(stage.template_fields)
-    assert stage.application.endswith("airflow_eos/spark/job.py")
+    assert {"plan", "transform", "conf", "env_vars", "py_files", "spark_submit_args"} <= set(stage.template_fields)
+    assert stage.spark_hook.application.endswith("airflow_eos/spark/job.py")
 
 
 def test_the_skew_rule_reaches_the_planner_and_its_trigger():
@@ -70,6 +72,29 @@ def test_waiting_steps_defer_or_reschedule():
     assert dag.get_task("window.plan").deferrable and dag.get_task("window.await_checkpoint").deferrable
     dag, _ = make_dag()
     assert dag.get_task("window.plan").mode == "reschedule"
+
+
+def test_the_waits_default_to_airflows_default_deferrable():
+    """``[operators] default_deferrable`` (read when the operators' module is
+    imported, as every provider's operators read it) makes plan and
+    await_checkpoint defer, in the task group and built by hand."""
+    code = """if True:
+        from airflow.sdk import DAG
+        from airflow_eos import KafkaSource, PostgresTarget, exactly_once_window
+        from airflow_eos.operators.eos import EosPlanWindowOperator
+        from airflow_eos.sensors.eos import EosCheckpointSensor
+        target = PostgresTarget(table="t")
+        with DAG("d", schedule=None) as dag:
+            exactly_once_window(pipeline="p", source=KafkaSource(topics=["a"]), target=target)
+            plan = EosPlanWindowOperator(task_id="plan", pipeline="p", topics=["a"])
+            sensor = EosCheckpointSensor(task_id="wait", target=target, attempt={})
+        print([dag.get_task(t).deferrable for t in ("window.plan", "window.await_checkpoint", "plan", "wait")])
+    """
+    for configured, expected in (("True", "[True, True, True, True]"), ("False", "[False, False, False, False]")):
+        env = {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": configured}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.strip().splitlines()[-1] == expected
 
 
 @pytest.mark.parametrize("kwargs, error", [
@@ -200,8 +225,8 @@ def test_the_stage_runs_on_spark_connect_when_its_connection_is_a_spark_connect_
     def stage(conn_id):
         return EosSparkStageOperator(task_id=f"s_{conn_id}", plan={}, source=SOURCE, target=TARGET, conn_id=conn_id)
 
-    assert stage("sc_t")._spark_connect_url == "sc://127.0.0.1:15002/;token=s3cret"
-    assert stage("spark_t")._spark_connect_url is None  # spark-submit, as before
+    assert stage("sc_t").spark_hook.spark_connect_url == "sc://127.0.0.1:15002/;token=s3cret"
+    assert stage("spark_t").spark_hook.spark_connect_url is None  # spark-submit, as before
 
 
 @pytest.mark.parametrize("transform, headline", [
