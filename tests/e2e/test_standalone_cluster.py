@@ -167,6 +167,6 @@ def test_a_window_staged_on_a_standalone_cluster_publishes_every_record_once(
     read = set(re.findall(r"airflow_eos\.spark\.kafka_source: orders\[(\d)\] \[0, 500\) piece \d+/\d+: reading", text))
     assert read == {"0", "1", "2", "3"}, text[-3000:]
     # "N rows, D dead letters", or "N rows (binary COPY), D dead letters" where the writer names its format
-    chunks = re.findall(r"airflow_eos\.targets\.postgres\.writer: staged chunk \d+ into \S+: "
+    chunks = re.findall(r"airflow_eos\.staging\.writer: staged chunk \d+ into \S+: "
                         r"(\d+) rows(?: \([^)]*\))?, (\d+) dead", text)
     assert (sum(int(r) for r, _ in chunks), sum(int(d) for _, d in chunks)) == (counts["good"][0], counts["bad"][0])
