@@ -88,7 +88,11 @@ def lineage_in_topic(sink):
 
 
 def topic_ends(sink):
-    return {p: b.end for p, b in kclient.partition_bounds(sink.kafka_config, sink.topic, 3).items()}
+    """The ends of the target topic's partitions once no transaction is in
+    flight on it. A committed transaction's markers are written after the
+    producer's commit returns (the coordinator answers once the commit is in
+    its own log), so ends read right after a commit may lack them."""
+    return {p: b.end for p, b in sink._settled_bounds(wait=90).items()}
 
 
 def delete_records(config, topic, ends):

@@ -64,6 +64,9 @@ def _file_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
     return left
 
 
+SETTLE_S = 5
+
+
 def _partition_ends(kafka_config: Mapping[str, Any], topic: str, isolation: str) -> dict[int, int]:
     """partition -> the offset where a reader with ``isolation`` reaches the
     partition's end (read from the start: never the reported high watermark)."""
@@ -90,14 +93,28 @@ def _partition_ends(kafka_config: Mapping[str, Any], topic: str, isolation: str)
     return ends
 
 
+def _settled_ends(kafka_config: Mapping[str, Any], topic: str) -> tuple[dict[int, int], dict[int, int]]:
+    """Where read_committed and read_uncommitted readers reach each partition's
+    end, read until they agree or for SETTLE_S. A committed transaction's
+    markers are written after the producer's commit returns (the coordinator
+    answers once the commit is in its own log), so the two may differ for a
+    moment after the last commit; a transaction left open holds them apart
+    until the broker's transaction timeout (a minute), far longer."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        committed = _partition_ends(kafka_config, topic, "read_committed")
+        written = _partition_ends(kafka_config, topic, "read_uncommitted")
+        if committed == written or time.monotonic() > deadline:
+            return committed, written
+        time.sleep(0.5)
+
+
 def _kafka_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
     """The staging tables (the PostgreSQL target's), and a transaction left
     open in the target topic: where one is, a read_committed reader reaches
-    the partition's end at it (the last stable offset), before the log's end
-    (the embedded broker, which never times one out, ends it there too)."""
+    the partition's end at it (the last stable offset), before the log's end."""
     topic = p.target_topic or ""
-    committed = _partition_ends(p.kafka_config, topic, "read_committed")
-    written = _partition_ends(p.kafka_config, topic, "read_uncommitted")
+    committed, written = _settled_ends(p.kafka_config, topic)
     return _postgres_leftovers(p, conn) + [
         f"a transaction left open in {topic}[{n}]: read_committed readers end at {committed.get(n)}, its log at "
         f"{end}; there: {_record_headers(p.kafka_config, topic, n, committed.get(n) or 0)}"
