@@ -1,6 +1,6 @@
 """An in-memory PartitionLog for unit tests of the pure cut-search logic, and for
-the few cases the embedded broker cannot produce (retention moving the log start,
-partitions added to a topic). Kafka-backed tests use the real broker."""
+cases a test must set up exactly (retention moving the log start under a search,
+partitions added to a topic). Kafka-backed tests use Apache Kafka."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 wrong credentials for each connection, invalid connection extras, an unknown
 or recreated source topic, unicode and hostile identifiers end to end.
 
-Each test runs real services (PostgreSQL, the embedded Kafka-protocol broker)
+Each test runs real services (PostgreSQL, Apache Kafka)
 and the production steps (harness.chaos: airflow_eos.steps with the Spark
 job's Python stand-in), commits some windows first, then gives the bad input
 and asserts: the error says what is wrong, where, and what to do; no secret

@@ -114,7 +114,7 @@ def seen_lineage(sink, pg_url):
 
 
 def raw_records(sink):
-    """Every record of the pipeline in the topic, aborted ones included on the embedded broker."""
+    """Every record of the pipeline a read_committed reader of the topic sees."""
     return sink.published_records(PIPELINE)
 
 

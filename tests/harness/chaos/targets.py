@@ -226,8 +226,8 @@ def _utc_text(value: Any) -> str | None:
 def _kafka_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
     """The target topic read as a read_committed consumer reads it, to its
     end (a transaction left open is a leftover: :func:`_kafka_leftovers`),
-    keeping the records of the transactions the ledger names as committed (the
-    embedded broker shows aborted records too; a real Kafka hides them).
+    keeping the records of the transactions the ledger names as committed
+    (Apache Kafka hides aborted ones; a Kafka-compatible broker may not).
     Verify checks their lineage against Kafka;
     here each record's content: key = the order's id, value = its amount, the
     window and epoch headers those of its source record's committed window."""
