@@ -1,5 +1,7 @@
 """``airflow-eos``: look at a pipeline's ledger, audit it against Kafka, sweep zombies,
-release a pipeline's claim, answer for a Kafka commit nobody can settle.
+release a pipeline's claim; and each registered target kind's own commands
+(core/target.py's ``TargetCommand``: the Kafka target's ``resolve`` answers for
+a commit nobody can settle).
 
 Connections are raw URLs (``--postgres-url``, ``--kafka-bootstrap``,
 ``--kafka-config``: the CLI then runs without Airflow) or Airflow connection ids
@@ -26,14 +28,22 @@ from typing import TextIO
 import psycopg
 from confluent_kafka import KafkaException
 
-from airflow_eos.cli.connections import OK, USAGE, VIOLATIONS, UsageError, connection_options, redacted
+from airflow_eos.cli.connections import (
+    OK,
+    USAGE,
+    VIOLATIONS,
+    UsageError,
+    connection_options,
+    postgres_url,
+    redacted,
+)
 from airflow_eos.cli.output import output_option
-from airflow_eos.cli.resolve import cmd_resolve
 from airflow_eos.cli.status import cmd_release, cmd_status
 from airflow_eos.cli.sweep import cmd_sweep
 from airflow_eos.cli.verify import cmd_verify
 from airflow_eos.core.errors import EosError
 from airflow_eos.core.source import LIBRDKAFKA_LOG
+from airflow_eos.core.target import TargetCommand, target_commands
 
 PROG = "airflow-eos"
 __all__ = ["main", "build_parser", "parse_duration", "OK", "VIOLATIONS", "USAGE"]
@@ -67,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify(sub, [with_kafka, output])
     _add_sweep(sub, [with_kafka])
     _add_release(sub, [postgres_only])
-    _add_resolve(sub, [postgres_only])
+    for command in target_commands():
+        _add_target_command(sub, [postgres_only], command)
     _add_demo(sub)
     return parser
 
@@ -169,26 +180,13 @@ def _add_release(sub: argparse._SubParsersAction, parents: list[argparse.Argumen
     release.set_defaults(run=cmd_release)
 
 
-def _add_resolve(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    """``resolve``: a person's answer for a Kafka-target commit nobody can settle."""
-    settle = sub.add_parser(
-        "resolve", parents=parents, epilog=EXIT_CODES,
-        help="answer for a Kafka-target commit nobody can settle any more",
-        description="A Kafka-target commit that died after its Kafka transaction began, whose window's marker "
-                    "(consumer-group offsets) Kafka has since expired and whose records in the topic were "
-                    "deleted, cannot be settled: its next commit, teardown or sweep refuses, printing this "
-                    "command with the window and the commit token. Tell the ledger what the topic's readers "
-                    "received: --committed (records with that eos-commit header were delivered; the window is "
-                    "then recorded as committed, not published again) or --aborted (they were not; the next "
-                    "commit publishes the window). A wrong answer loses or duplicates the window.")
-    settle.add_argument("--pipeline", required=True, help="the pipeline id")
-    settle.add_argument("--window-start", required=True, metavar="TIMESTAMP",
-                        help="the window's start, ISO 8601 with its zone, as the error prints it")
-    settle.add_argument("--token", required=True, type=int, help="the commit token the error names")
-    answer = settle.add_mutually_exclusive_group(required=True)
-    answer.add_argument("--committed", action="store_true", help="the transaction committed")
-    answer.add_argument("--aborted", action="store_true", help="the transaction aborted")
-    settle.set_defaults(run=cmd_resolve)
+def _add_target_command(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser],
+                        command: TargetCommand) -> None:
+    """A target kind's own command (the Kafka target's ``resolve``, ...), on the ledger's database."""
+    parser = sub.add_parser(command.name, parents=parents, epilog=EXIT_CODES, help=command.help,
+                            description=command.description)
+    command.add_arguments(parser)
+    parser.set_defaults(run=lambda args, out: command.run(postgres_url(args)[0], args, out))
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:

@@ -10,7 +10,6 @@ attempt's steps.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,12 +20,11 @@ from airflow_eos.core.database import redact, reused
 from airflow_eos.core.errors import LedgerUnavailable, WindowConflict
 from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS
 from airflow_eos.core.ownership import Claim
+from airflow_eos.core.schema import apply_migrations
 from airflow_eos.core.windows import Cut, PartitionRange, TopicPartition, Window, WindowPlan
 
 if TYPE_CHECKING:  # psycopg is loaded by core.database.connect, not by importing the ledger
     import psycopg
-
-log = logging.getLogger(__name__)
 
 # pg_advisory_xact_lock key for migrations: any constant, shared by all versions.
 _MIGRATION_LOCK = 0x656F735F6D6967  # "eos_mig"
@@ -108,8 +106,9 @@ class Ledger:
                             tables).fetchone()[0]
 
     def migrate(self) -> int:
-        """Bring schema ``eos`` to the latest version; safe to call concurrently
-        and again. Returns the version now in place."""
+        """Bring schema ``eos`` to the latest version, the target kinds' own
+        tables included (core/schema.py); safe to call concurrently and
+        again. Returns the core version now in place."""
         with self.connect() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute("CREATE SCHEMA IF NOT EXISTS eos")
@@ -123,11 +122,7 @@ class Ledger:
                     f"ledger schema is at version {current}, newer than this airflow-eos knows "
                     f"({LATEST_VERSION}); upgrade airflow-eos"
                 )
-            for version, sql in MIGRATIONS:
-                if version > current:
-                    log.info("applying ledger migration %d", version)
-                    conn.execute(sql)
-                    conn.execute("INSERT INTO eos.schema_version (version) VALUES (%s)", (version,))
+            apply_migrations(conn, MIGRATIONS, current)
             return LATEST_VERSION
 
     # ------------------------------------------------------------------ plans

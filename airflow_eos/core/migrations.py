@@ -1,14 +1,18 @@
 """Versioned schema of the ledger (schema ``eos`` in the target database).
 
-Migrations are applied by the code itself, in order, each once; appending a new
-``(version, sql)`` pair is the only way to change the schema. Concurrent callers
-serialise on an advisory lock taken before anything else, because even
-``CREATE SCHEMA IF NOT EXISTS`` races on the catalog's unique index.
+Migrations are applied by the code itself (core/schema.py), in order, each
+once; appending a new ``(version, sql)`` pair is the only way to change the
+core's schema. A target kind's own tables change only by a step appended to its
+``ledger_migrations`` (a :class:`TargetMigration`, below).
 """
 
 from __future__ import annotations
 
-MIGRATIONS: list[tuple[int, str]] = [
+from typing import NamedTuple
+
+# (version, sql); sql None: the version shipped a target kind's tables, which
+# its own migrations now hold (TargetMigration.shipped_as).
+MIGRATIONS: list[tuple[int, str | None]] = [
     (
         1,
         """
@@ -316,31 +320,7 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX publications_decided ON eos.publications (target) WHERE state = 'decided';
         """,
     ),
-    (
-        8,
-        """
-        -- The Kafka target: the window's committed Kafka transaction, by its
-        -- commit token (epoch << 32 | random bits), which every record of the
-        -- transaction carries as its eos-commit header and the window's marker
-        -- consumer group holds as an offset. verify counts a record only if
-        -- its token is here (the embedded broker shows aborted records to
-        -- read_committed readers). Written in the transaction that marks the
-        -- window committed.
-        CREATE TABLE eos.kafka_commits (
-            pipeline          text        NOT NULL,
-            window_start      timestamptz NOT NULL,
-            target            text        NOT NULL,  -- kafka:<kafka_conn_id>/<topic>
-            epoch             integer     NOT NULL,
-            token             bigint      NOT NULL,
-            transactional_id  text        NOT NULL,
-            marker_group      text        NOT NULL,
-            records           bigint,  -- produced by the transaction (null: recorded from the marker)
-            committed_at      timestamptz NOT NULL DEFAULT now(),
-            PRIMARY KEY (pipeline, window_start),
-            FOREIGN KEY (pipeline, window_start, epoch) REFERENCES eos.attempts ON DELETE CASCADE
-        );
-        """,
-    ),
+    (8, None),
     (
         9,
         """
@@ -387,35 +367,23 @@ MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX pipelines_target_place ON eos.pipelines (target_place) WHERE target_place IS NOT NULL;
         """,
     ),
-    (
-        12,
-        """
-        -- The Kafka target's commit intents: written on a connection of their own
-        -- (autocommit) before a window's Kafka transaction begins, so that a commit
-        -- that died after it can be told apart from one that never committed when
-        -- the window's marker (consumer-group offsets) expired. topic_ends: the
-        -- target topic's end offset per partition then ({"0": 17, ...}): every
-        -- record of the transaction lies at or after it. resolution: null while
-        -- nobody knows (see targets/kafka/intent.py). No foreign key: the commit's
-        -- own transaction holds the attempt row FOR UPDATE while this is written.
-        CREATE TABLE eos.kafka_intents (
-            pipeline          text        NOT NULL,
-            window_start      timestamptz NOT NULL,
-            target            text        NOT NULL,
-            epoch             integer     NOT NULL,
-            token             bigint      NOT NULL,
-            transactional_id  text        NOT NULL,
-            marker_group      text        NOT NULL,
-            topic_ends        jsonb       NOT NULL,
-            records           bigint      NOT NULL,
-            created_at        timestamptz NOT NULL DEFAULT now(),
-            resolution        text        CHECK (resolution IN ('committed', 'aborted')),
-            resolved_how      text,
-            resolved_at       timestamptz,
-            PRIMARY KEY (pipeline, window_start, token)
-        );
-        """,
-    ),
+    (12, None),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]
+
+
+class TargetMigration(NamedTuple):
+    """One step of a target kind's own tables in the ledger (schema ``eos``),
+    on the kind's own track of versions (1, 2, ...): ``Ledger.migrate``
+    applies each once, in order, under the core's migration lock.
+
+    ``shipped_as``: the core version this step shipped under before targets
+    had tracks of their own; it is applied in that place of the core's
+    sequence (so a ledger gets the same schema as it always did), and a
+    ledger whose core version reached it has it. Steps without one come after
+    every step with one and are recorded per kind (``eos.target_schema_version``)."""
+
+    version: int
+    sql: str
+    shipped_as: int | None = None

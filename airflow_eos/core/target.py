@@ -13,35 +13,32 @@ from which :meth:`TargetSpec.sink` builds the runtime
 Operators, the sensor, the triggers, the steps, ``verify`` and the CLI know
 only this interface and this registry; no ``isinstance`` on a concrete target,
 no kind named, outside its own package. A new target is a package under
-``airflow_eos/targets/`` with a spec class whose ``kind`` is registered below
-(or by a third-party package, under the entry point group
+``airflow_eos/targets/`` with a spec class whose ``kind`` is registered in
+core/registry.py (or by a third-party package, under the entry point group
 ``airflow_eos.targets``). The registry finds a spec class by its kind
 (:func:`spec_class`, :func:`target_from_dict`) or by the scheme of a target
 identity as a pipeline's claim records it (:func:`spec_of_target_id`).
+A kind may also bring its own ``airflow-eos`` subcommands
+(:meth:`TargetSpec.commands`, :func:`target_commands`) and its own tables in the
+ledger (:meth:`TargetSpec.ledger_migrations`, applied by ``Ledger.migrate``).
 """
 
 from __future__ import annotations
 
-import importlib
+import argparse
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 from urllib.parse import quote
 
 from airflow_eos.core.errors import ConfigurationError
+from airflow_eos.core.migrations import TargetMigration
+from airflow_eos.core.registry import BUILTIN_KINDS, kind_class, registered_kinds
 
 if TYPE_CHECKING:
     from airflow_eos.core.sink import Sink
 
-# kind -> "module:Class" of the targets that ship with the package.
-BUILTIN_KINDS = {
-    "postgres": "airflow_eos.targets.postgres:PostgresTarget",
-    "files": "airflow_eos.targets.files:FileTarget",
-    "kafka": "airflow_eos.targets.kafka:KafkaTarget",
-}
-ENTRY_POINT_GROUP = "airflow_eos.targets"
 # Before specs carried their kind, every target was a PostgreSQL table: a spec
 # dict without "kind" (in a trigger or a job environment written then) is of
 # this kind, and so is a bare name where a target is expected (verify's table
@@ -63,6 +60,23 @@ class ConnectionRef:
     role: str  # the key of its value in bind(): "ledger", "kafka", ...
     conn_type: str  # POSTGRES | KAFKA
     conn_id: str
+
+
+@dataclass(frozen=True)
+class TargetCommand:
+    """An ``airflow-eos`` subcommand a target kind brings (its ``resolve``, ...).
+
+    The CLI adds it with its PostgreSQL connection options (``--postgres-url``,
+    ``--postgres-conn-id``) and its exit codes; ``run`` gets the ledger's URL
+    those options resolve to, the parsed arguments and the output stream, and
+    returns the exit code. A ConfigurationError it raises is a usage error
+    (exit code 2, its message on one line)."""
+
+    name: str
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[str, argparse.Namespace, TextIO], int]
 
 
 class TargetSpec(ABC):
@@ -152,6 +166,16 @@ class TargetSpec(ABC):
         """Refuse what must not appear in a DAG file (an inline secret): a DAG
         names connections. Nothing by default."""
 
+    @classmethod
+    def commands(cls) -> Sequence[TargetCommand]:
+        """The kind's own ``airflow-eos`` subcommands; none by default."""
+        return ()
+
+    @classmethod
+    def ledger_migrations(cls) -> Sequence[TargetMigration]:
+        """The kind's own tables in the ledger, step by step; none by default."""
+        return ()
+
 
 # What a part of an asset URI keeps as it is: a path its RFC 3986 path characters
 # but "%" (so an ASCII path of them names the asset it always named), a host its
@@ -179,27 +203,14 @@ def kafka_asset_uri(kafka_config: Mapping[str, Any], topic: str) -> str:
     return f"kafka://{uri_part(first, HOST)}/{uri_part(topic)}"
 
 
-@cache
-def _entry_points() -> dict[str, str]:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def registered_kinds() -> list[str]:
-    """Every target kind a spec can name: the package's own and those other
-    distributions register under :data:`ENTRY_POINT_GROUP`."""
-    return sorted({*BUILTIN_KINDS, *_entry_points()})
-
-
 def spec_class(kind: str) -> type[TargetSpec]:
-    where = BUILTIN_KINDS.get(kind) or _entry_points().get(kind)
-    if where is None:
-        known = registered_kinds()
-        raise ConfigurationError(f"unknown target kind {kind!r}: known kinds are {known} (a third-party target "
-                                 f"registers its spec class under the entry point group {ENTRY_POINT_GROUP!r})")
-    module, _, name = where.partition(":")
-    return getattr(importlib.import_module(module), name)
+    """The spec class of a registered kind (core/registry.py)."""
+    return kind_class(kind)
+
+
+def target_commands() -> list[TargetCommand]:
+    """Every registered kind's own ``airflow-eos`` subcommands, by kind."""
+    return [command for kind in registered_kinds() for command in spec_class(kind).commands()]
 
 
 def with_kind(data: Mapping[str, Any]) -> Mapping[str, Any]:

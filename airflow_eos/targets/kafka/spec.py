@@ -19,7 +19,16 @@ from airflow_eos.core.client_settings import refuse_inline_secrets
 from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
-from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA, POSTGRES, ConnectionRef, TargetSpec, kafka_asset_uri
+from airflow_eos.core.migrations import TargetMigration
+from airflow_eos.core.target import (
+    DEFAULT_CONN_IDS,
+    KAFKA,
+    POSTGRES,
+    ConnectionRef,
+    TargetCommand,
+    TargetSpec,
+    kafka_asset_uri,
+)
 
 if TYPE_CHECKING:
     from airflow_eos.targets.kafka.sink import KafkaSink
@@ -199,3 +208,13 @@ class KafkaTarget(TargetSpec):
             raise ConfigurationError("in a DAG, name the ledger's database with postgres_conn_id and the cluster with "
                                      "kafka_conn_id, not ledger_url / kafka_config: they would put secrets into the "
                                      "DAG and the task logs")
+
+    @classmethod
+    def commands(cls) -> tuple[TargetCommand, ...]:
+        from airflow_eos.targets.kafka.cli import RESOLVE  # the ledger and psycopg: only the CLI needs them
+        return (RESOLVE,)
+
+    @classmethod
+    def ledger_migrations(cls) -> tuple[TargetMigration, ...]:
+        from airflow_eos.targets.kafka.migrations import MIGRATIONS
+        return MIGRATIONS

@@ -1,0 +1,133 @@
+"""A target kind's own tables in the ledger (TargetSpec.ledger_migrations),
+applied by Ledger.migrate with the core's: a new ledger gets the schema the
+core's list alone gave before kinds had tracks of their own, a ledger that
+list migrated is complete and left as it is, and a kind's own later steps are
+applied once, under the migration lock, and recorded per kind."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import psycopg
+import pytest
+
+import airflow_eos.core.ledger as ledger_module
+import airflow_eos.core.schema as schema
+from airflow_eos.core.errors import LedgerUnavailable
+from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS, TargetMigration
+
+
+@pytest.fixture
+def other_url(pg_server):
+    """A second fresh database on the session's server."""
+    name = f"eos_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.address, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = pg_server.address.rpartition("/")
+    yield f"{base}/{name}"
+    with psycopg.connect(pg_server.address, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def migrate_as_before_tracks(url: str, monkeypatch, upto: int = LATEST_VERSION) -> None:
+    """Migrate ``url`` to core version ``upto`` as airflow-eos did while the
+    kinds' tables were steps of the core's list: each step a kind shipped as a
+    core version is that version's SQL, and no kind has steps of its own."""
+    shipped = {step.shipped_as: step.sql for steps in schema.target_migrations().values() for step in steps
+               if step.shipped_as is not None}
+    core = [(version, shipped[version] if sql is None else sql) for version, sql in MIGRATIONS if version <= upto]
+    with monkeypatch.context() as before:
+        before.setattr(ledger_module, "MIGRATIONS", core)
+        before.setattr(ledger_module, "LATEST_VERSION", upto)
+        before.setattr(schema, "target_migrations", lambda: {})
+        assert Ledger(url).migrate() == upto
+
+
+def catalog(url: str) -> dict[str, list[tuple]]:
+    """What schema ``eos`` holds: columns, constraints, indexes, functions, and
+    the version rows (with when each was applied)."""
+    queries = {
+        "columns": "SELECT table_name, ordinal_position, column_name, data_type, is_nullable, column_default"
+                   " FROM information_schema.columns WHERE table_schema = 'eos'",
+        "constraints": "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                       " WHERE connamespace = 'eos'::regnamespace",
+        "indexes": "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'eos'",
+        "functions": "SELECT proname, pg_get_functiondef(oid) FROM pg_proc WHERE pronamespace = 'eos'::regnamespace",
+        "schemas": "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'eos%'",
+        "versions": "SELECT version, applied_at FROM eos.schema_version",
+    }
+    with psycopg.connect(url) as conn:
+        return {what: sorted(conn.execute(sql).fetchall()) for what, sql in queries.items()}
+
+
+def without_times(snapshot: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
+    return {**snapshot, "versions": [version for version, _ in snapshot["versions"]]}
+
+
+def test_a_new_ledger_gets_the_schema_the_core_list_alone_gave(pg_url, other_url, monkeypatch):
+    migrate_as_before_tracks(other_url, monkeypatch)
+    assert Ledger(pg_url).migrate() == LATEST_VERSION
+    new = catalog(pg_url)
+    assert without_times(new) == without_times(catalog(other_url))
+    assert {"kafka_commits", "kafka_intents"} <= {table for table, *_ in new["columns"]}
+    assert "target_schema_version" not in {table for table, *_ in new["columns"]}  # no kind has steps of its own
+
+
+def test_a_ledger_at_the_latest_core_version_migrates_without_change(pg_url, monkeypatch):
+    migrate_as_before_tracks(pg_url, monkeypatch)
+    before = catalog(pg_url)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(Ledger(pg_url).migrate())) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [LATEST_VERSION] * 4
+    assert catalog(pg_url) == before  # the same versions, applied when they were
+
+
+@pytest.mark.parametrize("upto", [7, 8, 11])
+def test_a_ledger_from_before_a_kinds_tables_gets_them_in_place(pg_url, other_url, monkeypatch, upto):
+    """Core version 7 had no Kafka table, 8 to 11 had eos.kafka_commits only."""
+    migrate_as_before_tracks(pg_url, monkeypatch, upto)
+    assert Ledger(pg_url).migrate() == LATEST_VERSION
+    Ledger(other_url).migrate()
+    assert without_times(catalog(pg_url)) == without_times(catalog(other_url))
+
+
+def test_a_kinds_own_steps_are_applied_once_under_concurrent_callers(pg_url, monkeypatch):
+    registered = schema.target_migrations()
+    steps = [TargetMigration(1, "CREATE TABLE eos.probe_things (thing text PRIMARY KEY)")]
+    monkeypatch.setattr(schema, "target_migrations", lambda: {**registered, "probe": tuple(steps)})
+    ledger = Ledger(pg_url)
+    barrier = threading.Barrier(8)
+    results, errors = [], []
+
+    def migrate():
+        barrier.wait()
+        try:
+            results.append(ledger.migrate())
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and results == [LATEST_VERSION] * 8
+
+    steps.append(TargetMigration(2, "ALTER TABLE eos.probe_things ADD COLUMN seen integer"))
+    assert ledger.migrate() == ledger.migrate() == LATEST_VERSION
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT kind, version FROM eos.target_schema_version ORDER BY version").fetchall() == [
+            ("probe", 1), ("probe", 2)]
+        assert conn.execute("SELECT max(version) FROM eos.schema_version").fetchone()[0] == LATEST_VERSION
+        conn.execute("INSERT INTO eos.probe_things VALUES ('a', 1)")  # both steps in place
+        conn.execute("INSERT INTO eos.target_schema_version (kind, version) VALUES ('probe', 3)")  # a newer release's
+
+    with pytest.raises(LedgerUnavailable, match="target kind 'probe' are at version 3, newer than this airflow-eos "
+                                                "knows \\(2\\); upgrade airflow-eos"):
+        ledger.migrate()
