@@ -4,7 +4,8 @@
 #   - Debian packages: PostgreSQL server binaries, a Java runtime for Spark,
 #     headless Chromium and its WebDriver (the Airflow UI in a browser, via Selenium)
 #   - uv, then the virtualenv .venv with this package and its dev extra
-#   - Apache Kafka's broker jars (Maven, cached outside the checkout)
+#   - Apache Kafka's broker jars and Spark's Kafka connector jars (Maven, cached
+#     outside the checkout)
 # Idempotent; a second run takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ done
 [ -n "$pg_found" ] || need_apt+=(postgresql)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
-# Maven fetches Apache Kafka's broker jars from Maven Central (below)
+# Maven fetches Apache Kafka's broker jars and Spark's Kafka connector from Maven Central (below)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 # headless Chromium renders the Airflow UI in tests/e2e/test_live_stack.py
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need_apt+=(chromium)
@@ -84,4 +85,17 @@ if [ ! -f "$kafka_home/.complete" ]; then
   mvn -q -B -f scripts/kafka/pom.xml dependency:copy-dependencies \
       -DincludeScope=runtime -DoutputDirectory="$kafka_home/lib"
   touch "$kafka_home/.complete"
+fi
+
+# Spark's Kafka connector (format("kafka")) at the pinned PySpark's version, for the classpath of
+# spark-submit, the Spark Connect server and the standalone cluster's executors: its jars from Maven
+# Central, once, into a cache outside the checkout, so that no Spark process downloads at run time.
+spark_version=$(sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:p' scripts/spark-kafka/pom.xml)
+spark_kafka_home=${EOS_SPARK_KAFKA_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/spark-kafka-$spark_version}
+if [ ! -f "$spark_kafka_home/.complete" ]; then
+  log "fetching Spark $spark_version's Kafka connector jars with Maven into $spark_kafka_home"
+  rm -rf "$spark_kafka_home/lib"
+  mvn -q -B -f scripts/spark-kafka/pom.xml dependency:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$spark_kafka_home/lib"
+  touch "$spark_kafka_home/.complete"
 fi

@@ -4,6 +4,7 @@ every published port is bound to 127.0.0.1, and that what it references exists."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -140,6 +141,15 @@ def test_one_apache_kafka_version_everywhere():
     for name in ("kafka", "kafka-topics"):
         assert SERVICES[name]["image"] == f"apache/kafka:{KAFKA_VERSION}", name
     assert f"Apache Kafka {KAFKA_VERSION}" in (ROOT / "README.md").read_text()
+
+
+def test_one_spark_version_everywhere():
+    """PySpark, the Spark Connect client and Spark's Kafka connector jars are one release:
+    the connector's classes are compiled against the Spark they run in."""
+    pins = dict(re.findall(r'"(pyspark|pyspark-client)==([0-9.]+)"', (ROOT / "pyproject.toml").read_text()))
+    pom = (ROOT / "scripts" / "spark-kafka" / "pom.xml").read_text()
+    assert pins["pyspark"] == pins["pyspark-client"]
+    assert f"<spark.version>{pins['pyspark']}</spark.version>" in pom
 
 
 def test_a_kafka_cluster_id_never_starts_with_a_dash():
