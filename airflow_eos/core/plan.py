@@ -46,8 +46,6 @@ from airflow_eos.core.skew import (
     describe_passed_over,
     first_record_past_skew,
 )
-# The skew check's reading, imported from here before it had a module of its own.
-from airflow_eos.core.skew import held_behind, records_after  # noqa: F401
 from airflow_eos.core.source import Bounds, PartitionLog, normalise_topics, per_partition
 from airflow_eos.core.windows import (
     CUT_BY_IDLE,
