@@ -49,6 +49,7 @@ def write_checkpoint(conn: psycopg.Connection, attempt: Attempt, checkpoint: Che
 
 
 def load_checkpoint(conn: psycopg.Connection, attempt: Attempt) -> Checkpoint:
+    """The attempt's checkpoint as recorded (empty if it has none)."""
     key = (attempt.pipeline, attempt.window_start, attempt.epoch)
     ranges = conn.execute(
         "SELECT topic, partition, start_offset, end_offset, records FROM eos.checkpoint_ranges"

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # psycopg is loaded by core.database.connect, not by importin
 
 
 def check_committable(attempt: Attempt, status: AttemptStatus) -> None:
+    """Refuse to commit an attempt that is closed, fenced or not prepared."""
     check_current(attempt, status, "commit")
     if status.state != PREPARED:
         raise NotPrepared(f"cannot commit {attempt}: it is {status.state}, not prepared; "
@@ -87,6 +88,7 @@ def advance_offsets(conn: psycopg.Connection, pipeline: str) -> dict[TopicPartit
 
 
 def load_offsets(conn: psycopg.Connection, pipeline: str) -> dict[TopicPartition, int]:
+    """The pipeline's committed offsets (eos.partition_offsets)."""
     rows = conn.execute('SELECT topic, partition, "offset" FROM eos.partition_offsets WHERE pipeline = %s',
                         (pipeline,)).fetchall()
     return {TopicPartition(t, p): o for t, p, o in rows}
