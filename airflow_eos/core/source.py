@@ -127,9 +127,9 @@ class KafkaLog:
         # Planning reads single records at scattered offsets: fetch little and
         # prefetch nothing, or every probe pulls megabytes it then throws away.
         # Both fetch limits: a broker may fill a response up to fetch.max.bytes
-        # (50 MB by default) whatever the partition's limit says; Tansu
-        # did, and a probe into a 1M-record log took 21 ms (11 ms of it
-        # this client's CPU) instead of 1.4 ms. A record bigger than the limits
+        # (50 MB by default) whatever the partition's limit says (Tansu does:
+        # a probe into a 1M-record log then takes 21 ms, 11 ms of it this
+        # client's CPU, instead of 1.4 ms). A record bigger than the limits
         # still arrives whole: Kafka returns a partition's first batch regardless.
         config = {"max.partition.fetch.bytes": PROBE_FETCH_BYTES, "message.max.bytes": PROBE_FETCH_BYTES,
                   "queued.min.messages": 1, **kafka_config}
