@@ -72,7 +72,7 @@ def produce_orders(bootstrap: str) -> dict[str, int]:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from airflow_eos.core.source import client_logging
+    from airflow_eos.core.kafka_client import client_logging
 
     # Logging like the package's own clients: no raw librdkafka lines in the demo's output.
     admin = AdminClient({**client_logging(), "bootstrap.servers": bootstrap})

@@ -84,16 +84,8 @@ def exactly_once_window(
     :param stage_kwargs: more arguments of the stage task: BaseOperator's, and the Spark provider's
         SparkSubmitHook's (executor_memory, py_files, ...)
     """
-    if not isinstance(source, KafkaSource):
-        raise ConfigurationError(f"source must be a KafkaSource, not {type(source).__name__}")
-    target = as_spec(target)
-    target.check_for_dag()
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", pipeline or ""):
-        raise ConfigurationError(f"pipeline id {pipeline!r} must be letters, digits, '_', '.' or '-'")
-    check_skew_rule(max_timestamp_skew, on_skewed_timestamp, f"pipeline {pipeline!r}")
-    wait = {"deferrable": deferrable}
-    if not deferrable:
-        wait["mode"] = "reschedule"
+    target = _checked_arguments(pipeline, source, target, max_timestamp_skew, on_skewed_timestamp)
+    wait = _waiting(deferrable)
 
     with TaskGroup(group_id=group_id, tooltip=f"exactly-once window of {pipeline}") as group:
         plan = EosPlanWindowOperator(
@@ -107,14 +99,47 @@ def exactly_once_window(
             max_records_per_task=max_records_per_task, max_bad_records=max_bad_records,
             conn_id=spark_conn_id, conf=spark_conf, **(stage_kwargs or {}),
         )
-        await_checkpoint = EosCheckpointSensor(
-            task_id="await_checkpoint", target=target, attempt=stage.output,
-            timeout=checkpoint_timeout.total_seconds(), poke_interval=5, **wait,
-        )
-        commit = EosCommitOperator(
-            task_id="commit", target=target, attempt=stage.output, mirror_group_id=mirror_group_id,
-            kafka_conn_id=source.kafka_conn_id, outlets=[target_alias(pipeline, target)],
-        )
-        abort = EosAbortOperator(task_id="abort", pipeline=pipeline, target=target)
-        plan >> stage >> await_checkpoint >> commit >> abort.as_teardown(setups=plan)
+        _finish_tasks(pipeline, source, target, plan, stage, wait, checkpoint_timeout, mirror_group_id)
     return group
+
+
+def _checked_arguments(pipeline: str, source: KafkaSource, target: TargetSpec, max_timestamp_skew: timedelta,
+                       on_skewed_timestamp: str) -> TargetSpec:
+    """The target as a spec, once the window's arguments are checked: refuses,
+    when the DAG is parsed, a source that is not a KafkaSource, a target that
+    cannot be used from a DAG, a pipeline id that is not safe everywhere it is
+    named, and a skew rule that is not one."""
+    if not isinstance(source, KafkaSource):
+        raise ConfigurationError(f"source must be a KafkaSource, not {type(source).__name__}")
+    target = as_spec(target)
+    target.check_for_dag()
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", pipeline or ""):
+        raise ConfigurationError(f"pipeline id {pipeline!r} must be letters, digits, '_', '.' or '-'")
+    check_skew_rule(max_timestamp_skew, on_skewed_timestamp, f"pipeline {pipeline!r}")
+    return target
+
+
+def _waiting(deferrable: bool) -> dict[str, Any]:
+    """How plan and await_checkpoint wait: deferred in the triggerer, or
+    rescheduled so that a waiting task holds no worker slot."""
+    wait: dict[str, Any] = {"deferrable": deferrable}
+    if not deferrable:
+        wait["mode"] = "reschedule"
+    return wait
+
+
+def _finish_tasks(pipeline: str, source: KafkaSource, target: TargetSpec, plan: EosPlanWindowOperator,
+                  stage: EosSparkStageOperator, wait: dict[str, Any], checkpoint_timeout: timedelta,
+                  mirror_group_id: str | None) -> None:
+    """The tasks after stage: await_checkpoint, commit and the abort teardown
+    (set up by ``plan``), chained in that order."""
+    await_checkpoint = EosCheckpointSensor(
+        task_id="await_checkpoint", target=target, attempt=stage.output,
+        timeout=checkpoint_timeout.total_seconds(), poke_interval=5, **wait,
+    )
+    commit = EosCommitOperator(
+        task_id="commit", target=target, attempt=stage.output, mirror_group_id=mirror_group_id,
+        kafka_conn_id=source.kafka_conn_id, outlets=[target_alias(pipeline, target)],
+    )
+    abort = EosAbortOperator(task_id="abort", pipeline=pipeline, target=target)
+    plan >> stage >> await_checkpoint >> commit >> abort.as_teardown(setups=plan)

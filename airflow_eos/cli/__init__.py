@@ -42,7 +42,7 @@ from airflow_eos.cli.status import cmd_release, cmd_status
 from airflow_eos.cli.sweep import cmd_sweep
 from airflow_eos.cli.verify import cmd_verify
 from airflow_eos.core.errors import EosError
-from airflow_eos.core.source import LIBRDKAFKA_LOG
+from airflow_eos.core.kafka_client import LIBRDKAFKA_LOG
 from airflow_eos.core.target import TargetCommand, target_commands
 
 PROG = "airflow-eos"

@@ -9,7 +9,7 @@ published. One Kafka partition may be read by several Spark tasks: their
 sub-ranges are merged into one consumed range per partition.
 
 Plain data and pure checks: storing a checkpoint and proving an attempt
-prepared are the attempt's steps (core/attempt.py).
+prepared are the attempt's steps (core/attempt/).
 """
 
 from __future__ import annotations

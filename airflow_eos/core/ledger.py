@@ -3,7 +3,7 @@
 Ledger and published data share one database so that a window's rows and its
 offsets commit in one transaction. This module owns every SQL statement on the
 ``eos`` tables that planning and reading a pipeline's state (``airflow-eos
-status`` and ``release``) need; core/attempt.py adds the statements of an
+status`` and ``release``) need; core/attempt/ adds the statements of an
 attempt's steps.
 """
 

@@ -46,8 +46,6 @@ from airflow_eos.core.skew import (
     describe_passed_over,
     first_record_past_skew,
 )
-# The skew check's reading, imported from here before it had a module of its own.
-from airflow_eos.core.skew import held_behind, records_after  # noqa: F401
 from airflow_eos.core.source import Bounds, PartitionLog, normalise_topics, per_partition
 from airflow_eos.core.windows import (
     CUT_BY_IDLE,
@@ -224,68 +222,86 @@ def plan_window(
     topics in, raises OwnershipConflict before anything of it is frozen.
     """
     window = request.window
-    asked = request.claim
     with ledger.connect() as conn:
-        with conn.transaction():
-            # Every plan, also of a frozen window, checks who owns the pipeline:
-            # a second DAG clearing a window the first one planned is refused too.
-            recorded = ledger.load_claim(conn, window.pipeline)
-            claimed = request.as_claimed(recorded)
-            if claimed is not None:
-                _refuse_conflict(own_claim_conflict(claimed, asked))
-            frozen = ledger.load_plan(conn, window)
-        # a claim recorded under an alias of the target is recorded again under its id
-        claimed_already = claimed is not None and claimed.covers(asked) and claimed == recorded
+        claimed_already, frozen = _checked_claim(ledger, conn, request)
         if frozen is not None:
             _check_topics(frozen, request)
             if not claimed_already:
-                claim_pipeline(ledger, conn, asked, request.target_aliases)
+                claim_pipeline(ledger, conn, request.claim, request.target_aliases)
             check_readable(frozen, per_partition(log_, log_.bounds, sorted({r.tp for r in frozen.ranges})))
             return frozen
 
         tps = log_.partitions(list(request.topics))  # claim only topics that exist
         if not claimed_already:
-            claim_pipeline(ledger, conn, asked, request.target_aliases)
+            claim_pipeline(ledger, conn, request.claim, request.target_aliases)
         for _round in range(MAX_FREEZE_ROUNDS):
-            started = time.monotonic()
-            with conn.transaction():
-                contexts = ledger.cut_contexts(conn, window, tps)
-            bounds = per_partition(log_, log_.bounds, tps)
-            cuts, waiting = _resolve_all(log_, window, tps, contexts, bounds, request, now())
-            if waiting:
-                raise WindowNotClosed(
-                    f"window {window} is not closed yet: {len(waiting)} partition(s) have no record at or after "
-                    f"{window.end.isoformat()} and have not been idle for {request.idle_partition_grace}: "
-                    + ", ".join(str(tp) for tp in waiting[:10]) + (" ..." if len(waiting) > 10 else ""),
-                    waiting_for=[(tp.topic, tp.partition) for tp in waiting],
-                )
-            plan = WindowPlan(window, tuple(sorted(
-                PartitionRange(tp.topic, tp.partition, cuts[tp, window.start].offset, cuts[tp, window.end].offset)
-                for tp in tps
-            )))
-            with conn.transaction():
-                ledger.lock_pipeline(conn, window.pipeline)
-                winner = ledger.load_plan(conn, window)
-                if winner is not None:  # a concurrent planner froze it first
-                    _check_topics(winner, request)
-                    return winner
-                overlaps = ledger.overlapping_windows(conn, window)
-                if overlaps:
-                    raise WindowConflict(
-                        f"window {window} overlaps window(s) planned before with other boundaries: "
-                        + ", ".join(f"[{s.isoformat()}, {e.isoformat()})" for s, e in overlaps)
-                    )
-                if ledger.cut_contexts(conn, window, tps) != contexts:
-                    log.info("window %s: a neighbouring cut was frozen meanwhile; resolving again", window)
-                    continue
-                check_readable(plan, bounds)
-                ledger.freeze(conn, plan, [c for c in cuts.values() if c.how != "frozen"])
-            fault_point("plan.after_freeze")
-            log.info("window %s: plan frozen in %.2fs: %s", window, time.monotonic() - started,
-                     ", ".join(f"{r.tp} [{r.start_offset}, {r.end_offset})" for r in plan.ranges))
-            return plan
+            plan = _freeze_round(ledger, conn, log_, request, tps, now())
+            if plan is not None:
+                return plan
         raise WindowConflict(f"window {window}: could not freeze a plan in {MAX_FREEZE_ROUNDS} rounds "
                              "of concurrent planning; try again")
+
+
+def _checked_claim(ledger: Ledger, conn, request: PlanRequest) -> tuple[bool, WindowPlan | None]:
+    """Whether the pipeline's recorded claim already covers the request (else
+    the plan claims it), and the window's frozen plan if it has one; raises
+    OwnershipConflict when the recorded claim is another DAG's, topics' or
+    target's. Every plan, also of a frozen window, checks who owns the
+    pipeline: a second DAG clearing a window the first one planned is refused too."""
+    with conn.transaction():
+        recorded = ledger.load_claim(conn, request.window.pipeline)
+        claimed = request.as_claimed(recorded)
+        if claimed is not None:
+            _refuse_conflict(own_claim_conflict(claimed, request.claim))
+        frozen = ledger.load_plan(conn, request.window)
+    # a claim recorded under an alias of the target is recorded again under its id
+    return claimed is not None and claimed.covers(request.claim) and claimed == recorded, frozen
+
+
+def _freeze_round(ledger: Ledger, conn, log_: PartitionLog, request: PlanRequest, tps: list[TopicPartition],
+                  now: datetime) -> WindowPlan | None:
+    """One attempt to freeze the window's plan over the partitions ``tps``:
+    resolve its cuts against the log and the neighbouring frozen cuts, then
+    freeze them unless a neighbouring cut was frozen meanwhile (None: resolve
+    again). A plan a concurrent planner froze first is returned as it is."""
+    window = request.window
+    started = time.monotonic()
+    with conn.transaction():
+        contexts = ledger.cut_contexts(conn, window, tps)
+    bounds = per_partition(log_, log_.bounds, tps)
+    cuts, waiting = _resolve_all(log_, window, tps, contexts, bounds, request, now)
+    if waiting:
+        raise WindowNotClosed(
+            f"window {window} is not closed yet: {len(waiting)} partition(s) have no record at or after "
+            f"{window.end.isoformat()} and have not been idle for {request.idle_partition_grace}: "
+            + ", ".join(str(tp) for tp in waiting[:10]) + (" ..." if len(waiting) > 10 else ""),
+            waiting_for=[(tp.topic, tp.partition) for tp in waiting],
+        )
+    plan = WindowPlan(window, tuple(sorted(
+        PartitionRange(tp.topic, tp.partition, cuts[tp, window.start].offset, cuts[tp, window.end].offset)
+        for tp in tps
+    )))
+    with conn.transaction():
+        ledger.lock_pipeline(conn, window.pipeline)
+        winner = ledger.load_plan(conn, window)
+        if winner is not None:  # a concurrent planner froze it first
+            _check_topics(winner, request)
+            return winner
+        overlaps = ledger.overlapping_windows(conn, window)
+        if overlaps:
+            raise WindowConflict(
+                f"window {window} overlaps window(s) planned before with other boundaries: "
+                + ", ".join(f"[{s.isoformat()}, {e.isoformat()})" for s, e in overlaps)
+            )
+        if ledger.cut_contexts(conn, window, tps) != contexts:
+            log.info("window %s: a neighbouring cut was frozen meanwhile; resolving again", window)
+            return None
+        check_readable(plan, bounds)
+        ledger.freeze(conn, plan, [c for c in cuts.values() if c.how != "frozen"])
+    fault_point("plan.after_freeze")
+    log.info("window %s: plan frozen in %.2fs: %s", window, time.monotonic() - started,
+             ", ".join(f"{r.tp} [{r.start_offset}, {r.end_offset})" for r in plan.ranges))
+    return plan
 
 
 def claim_pipeline(ledger: Ledger, conn, asked: Claim, aliases: tuple[str, ...] = ()) -> None:

@@ -142,7 +142,7 @@ def read_range(
     """
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    from airflow_eos.core.source import consumer_config, reader
+    from airflow_eos.core.kafka_client import consumer_config, reader
 
     stats = stats if stats is not None else ReadStats()
     start, end = task.start_offset, task.end_offset
@@ -286,7 +286,7 @@ class _RangeRead:
             self.silence_checked = True
             _diagnose(self.kafka_config, self.task, self.reached)
         if not answered and now - self.last_answer >= poll_timeout_s:
-            from airflow_eos.core.source import client_errors
+            from airflow_eos.core.kafka_client import client_errors
 
             servers = self.config["bootstrap.servers"]
             raise SourceUnavailable(

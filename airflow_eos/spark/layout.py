@@ -90,7 +90,41 @@ def writer_input(out: "DataFrame", staged: Sequence[str], not_null: Iterable[str
     """Shape a transform's output for the staging writer (the contract is in
     :mod:`airflow_eos.spark.stage`); refuse, before any work, an output that cannot be staged."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import BinaryType, StringType
+
+    found, error, lineage, raw = _output_columns(out, staged, table=table, strict=strict)
+    checks = [F.when(_col(found[c]).isNull(), F.lit(f"null in column {c}, which is NOT NULL in {table}"))
+              for c in staged if c in set(not_null)]
+    reasons = ([_col(error)] if error is not None else []) + checks
+    columns = [_col(found[c]).alias(c) for c in staged]
+    types = tuple(out.schema[found[c]].dataType.simpleString() for c in staged)
+    layout_lineage = None
+    if all(c in staged for c in LINEAGE_COLUMNS):
+        layout_lineage = tuple(LINEAGE_COLUMNS)
+    elif all(lineage):
+        layout_lineage = _LINEAGE
+        columns += [_col(lineage[0]).cast("string").alias(_LINEAGE[0]), _col(lineage[1]).cast("int").alias(_LINEAGE[1]),
+                    _col(lineage[2]).cast("long").alias(_LINEAGE[2])]
+    if not reasons:
+        return out.select(*columns), Layout(tuple(staged), None, layout_lineage, None, types)
+    # The error first, in a projection of its own, so the rest refers to it
+    # rather than repeating it (a UDF's result, for instance).
+    with_error = out.withColumn(_ERROR, F.coalesce(*reasons) if len(reasons) > 1 else reasons[0])
+    columns.append(F.col(_ERROR))
+    layout_raw = None
+    if all(raw):
+        layout_raw = _RAW
+        columns += _raw_record_columns(out, raw)
+    return with_error.select(*columns), Layout(tuple(staged), _ERROR, layout_lineage, layout_raw, types)
+
+
+def _output_columns(out: "DataFrame", staged: Sequence[str], *, table: str,
+                    strict: bool) -> tuple[dict[str, str], str | None, list[str | None], list[str | None]]:
+    """The output's names for the staged columns, the error column and the
+    lineage and raw record columns (None where it has none); raises
+    ConfigurationError for an output that cannot be staged: a staged column
+    missing, a column nobody stages (``strict``), an error that is not a string
+    or comes without the lineage of its record."""
+    from pyspark.sql.types import StringType
 
     names = list(out.columns)
     found = {c: _find(names, c) for c in staged}
@@ -113,41 +147,27 @@ def writer_input(out: "DataFrame", staged: Sequence[str], not_null: Iterable[str
     if error is not None and not isinstance(out.schema[error].dataType, StringType):
         raise ConfigurationError(f"column {error!r} must be a string (the dead letter's error), "
                                  f"not {out.schema[error].dataType.simpleString()}")
-    has_lineage = all(lineage)
-    if error is not None and not has_lineage:
+    if error is not None and not all(lineage):
         raise ConfigurationError(
             f"the transform's output has {ERROR_COLUMN} but not the lineage columns {list(LINEAGE_COLUMNS)}: "
             "a dead letter must name its source record")
+    return found, error, lineage, raw
 
-    checks = [F.when(_col(found[c]).isNull(), F.lit(f"null in column {c}, which is NOT NULL in {table}"))
-              for c in staged if c in set(not_null)]
-    reasons = ([_col(error)] if error is not None else []) + checks
-    columns = [_col(found[c]).alias(c) for c in staged]
-    types = tuple(out.schema[found[c]].dataType.simpleString() for c in staged)
-    layout_lineage = None
-    if all(c in staged for c in LINEAGE_COLUMNS):
-        layout_lineage = tuple(LINEAGE_COLUMNS)
-    elif has_lineage:
-        layout_lineage = _LINEAGE
-        columns += [_col(lineage[0]).cast("string").alias(_LINEAGE[0]), _col(lineage[1]).cast("int").alias(_LINEAGE[1]),
-                    _col(lineage[2]).cast("long").alias(_LINEAGE[2])]
-    if not reasons:
-        return out.select(*columns), Layout(tuple(staged), None, layout_lineage, None, types)
-    # The error first, in a projection of its own, so the rest refers to it
-    # rather than repeating it (a UDF's result, for instance).
-    with_error = out.withColumn(_ERROR, F.coalesce(*reasons) if len(reasons) > 1 else reasons[0])
-    columns.append(F.col(_ERROR))
-    layout_raw = None
-    if all(raw):
-        layout_raw = _RAW
-        for name, alias in zip(raw, _RAW, strict=True):
-            kind = out.schema[name].dataType
-            value = (_col(name) if isinstance(kind, BinaryType) else
-                     _col(name).cast("binary") if isinstance(kind, StringType) else
-                     _col(name).cast("string").cast("binary"))
-            # Only dead letters carry their raw record; good rows carry nulls, which cost nothing.
-            columns.append(F.when(F.col(_ERROR).isNotNull(), value).alias(alias))
-    return with_error.select(*columns), Layout(tuple(staged), _ERROR, layout_lineage, layout_raw, types)
+
+def _raw_record_columns(out: "DataFrame", raw: Sequence[str]) -> list["Column"]:
+    """A dead letter's raw key and value as binary columns (``_RAW``); good
+    rows carry nulls, which cost nothing."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, StringType
+
+    columns = []
+    for name, alias in zip(raw, _RAW, strict=True):
+        kind = out.schema[name].dataType
+        value = (_col(name) if isinstance(kind, BinaryType) else
+                 _col(name).cast("binary") if isinstance(kind, StringType) else
+                 _col(name).cast("string").cast("binary"))
+        columns.append(F.when(F.col(_ERROR).isNotNull(), value).alias(alias))
+    return columns
 
 
 __all__ = ["RAW_COLUMNS", "Layout", "records_as_read", "writer_input"]

@@ -64,27 +64,52 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
     from the persisted output. The checkpoint is written by the driver, after
     both writes, with what the read tasks reported (read_coverage) and the
     files the writes left (Sink.staged_chunks)."""
-    from pyspark.sql import functions as F
-
-    url = target.ledger.url
-    where = output.data
     log.info("staging %s (run %s) into %s with Spark's Parquet writer: %d planned range(s), at most %d records, "
-             "max_bad_records=%d", attempt, run, where, len(plan.ranges), plan.max_records, max_bad_records)
+             "max_bad_records=%d", attempt, run, output.data, len(plan.ranges), plan.max_records, max_bad_records)
     log_plan(plan)
-    try:
-        cleared = target.clear_writes(attempt)
-        if cleared:
-            log.info("%s: deleted %d file(s) an earlier run of the stage job left in its staging", attempt, cleared)
-        out, fn = read_transformed(spark, plan, kafka_config, transform, url=url, attempt=attempt, run=run,
-                                   max_records_per_task=max_records_per_task, read_options=read_options)
-        rows, layout = _file_rows(out, output, target, strict=fn is not None)
-    except Exception as exc:
-        abort_after_failure(target, attempt, f"stage job run {run} failed before writing: {exc}")
-        raise
+    rows, layout = _transformed_rows(spark, plan, attempt, target, output, kafka_config, transform, run=run,
+                                     max_records_per_task=max_records_per_task, read_options=read_options)
     setup = time.perf_counter()
     log.info("%s: set up in %.2fs; writing %d column(s) %s (read + transform + write, then the checkpoint)",
              attempt, setup - started, len(layout.staged), list(layout.staged))
     make_session_active(spark)
+    written = _write_and_checkpoint(spark, rows, layout, plan, attempt, target, output, kafka_config, run=run,
+                                    max_bad_records=max_bad_records)
+    finished = time.perf_counter()
+    report = checkpointed_report(target, attempt, run, {"setup": setup - started, "job": written - setup,
+                                                        "checkpoint": finished - written})
+    report.seconds["total"] = time.perf_counter() - started
+    log_report(report)
+    return report
+
+
+def _transformed_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink, output: SparkOutput,
+                      kafka_config: Mapping[str, Any], transform, *, run: str, max_records_per_task: int,
+                      read_options: Mapping[str, Any] | None) -> tuple["DataFrame", Layout]:
+    """The transform's output over the planned ranges, shaped for the files, and
+    its Layout, once the files an earlier run of the job left are deleted; a
+    failure here aborts the attempt before anything is written."""
+    try:
+        cleared = target.clear_writes(attempt)
+        if cleared:
+            log.info("%s: deleted %d file(s) an earlier run of the stage job left in its staging", attempt, cleared)
+        out, fn = read_transformed(spark, plan, kafka_config, transform, url=target.ledger.url, attempt=attempt,
+                                   run=run, max_records_per_task=max_records_per_task, read_options=read_options)
+        return _file_rows(out, output, target, strict=fn is not None)
+    except Exception as exc:
+        abort_after_failure(target, attempt, f"stage job run {run} failed before writing: {exc}")
+        raise
+
+
+def _write_and_checkpoint(spark: "SparkSession", rows: "DataFrame", layout: Layout, plan: WindowPlan,
+                          attempt: Attempt, target: Sink, output: SparkOutput, kafka_config: Mapping[str, Any], *,
+                          run: str, max_bad_records: int) -> float:
+    """Write the good rows and the dead letters (at most ``max_bad_records``)
+    into the output, then the checkpoint; returns when (``perf_counter``) the
+    writes ended and the checkpoint began. A failure aborts the attempt and
+    raises StageFailed (see _write_failed)."""
+    from pyspark.sql import functions as F
+
     persisted = None
     try:
         data, dead_count = rows, 0
@@ -100,7 +125,7 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
         if dead_count:
             _write_dead_letters(spark, persisted, layout, output, kafka_config)
         written = time.perf_counter()
-        reported = read_coverage(url, attempt, run, plan)
+        reported = read_coverage(target.ledger.url, attempt, run, plan)
         chunks = target.staged_chunks(attempt)
         target.checkpoint(attempt, [r for r, _ in reported], chunks)
     except Exception as exc:
@@ -108,12 +133,7 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
     finally:
         if persisted is not None:
             persisted.unpersist()
-    finished = time.perf_counter()
-    report = checkpointed_report(target, attempt, run, {"setup": setup - started, "job": written - setup,
-                                                        "checkpoint": finished - written})
-    report.seconds["total"] = time.perf_counter() - started
-    log_report(report)
-    return report
+    return written
 
 
 def _write_failed(spark: "SparkSession", exc: Exception, target: Sink, attempt: Attempt, run: str,

@@ -74,6 +74,22 @@ class CopyRefusal:
         return row_of_line(self.copy_format, table, self.line)
 
 
+def _copy_dead_letters(cur, dead_table, chunk: int, dead_letters: Iterable[pa.RecordBatch | pa.Table | Mapping],
+                       digest) -> int:
+    """COPY the dead letters into the dead letters table as rows of ``chunk``;
+    returns how many. ``digest`` takes each of them (the chunk's checksum)."""
+    from psycopg import sql
+
+    dead = 0
+    with cur.copy(sql.SQL("COPY {} ({}, topic, partition, \"offset\", error, key, value) FROM STDIN")
+                  .format(dead_table, sql.Identifier(CHUNK_COLUMN))) as copy:
+        for record in dead_letters_as_rows(dead_letters):
+            digest.update(repr(record).encode())
+            copy.write_row((chunk, *record))
+            dead += 1
+    return dead
+
+
 @dataclass(frozen=True)
 class StagingWriter:
     """Stages rows of one attempt from inside Spark tasks. Plain data: pickle it
@@ -112,7 +128,6 @@ class StagingWriter:
         ``key``, ``value`` (bytes).
         """
         import psycopg
-        from psycopg import sql
         import pyarrow as pa
         chunk = secrets.randbits(63)
         digest = hashlib.blake2b(digest_size=16)
@@ -132,26 +147,9 @@ class StagingWriter:
                         order = self._check_columns(first.schema.names)
                         encoder = encoder_for(first.schema, column_types(conn, rows_table))
                         fmt = encoder.format
-                        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(
-                                rows_table, sql.SQL(", ").join(map(sql.Identifier, order)),
-                                sql.SQL(encoder.option))) as copy:
-                            copy.write(encoder.header())
-                            for batch in itertools.chain([first], batches):
-                                if batch.schema.names != order:
-                                    self._check_columns(batch.schema.names)
-                                    batch = batch.select(order)
-                                payload = encoder.encode(batch)
-                                digest.update(payload)
-                                copy.write(payload)
-                                rows += batch.num_rows
-                                fault_point("stage.mid_write")
-                            copy.write(encoder.trailer())
-                    with cur.copy(sql.SQL("COPY {} ({}, topic, partition, \"offset\", error, key, value) FROM STDIN")
-                                  .format(dead_table, sql.Identifier(CHUNK_COLUMN))) as dl_copy:
-                        for record in dead_letters_as_rows(dead_letters):
-                            digest.update(repr(record).encode())
-                            dl_copy.write_row((chunk, *record))
-                            dead += 1
+                        rows = self._copy_rows(cur, rows_table, order, encoder, itertools.chain([first], batches),
+                                               digest)
+                    dead = _copy_dead_letters(cur, dead_table, chunk, dead_letters, digest)
         except (psycopg.OperationalError, psycopg.errors.UndefinedTable) as exc:
             raise self._staging_error(exc, f"staging into {self.staging} for {self.target}") from exc
         except psycopg.Error as exc:
@@ -166,6 +164,29 @@ class StagingWriter:
         log.info("staged chunk %d into %s: %d rows (%s COPY), %d dead letters in %.2fs (%.0f rows/s)", chunk,
                  self.staging, rows, fmt.value, dead, seconds, rows / seconds if seconds else 0)
         return StagedChunk(chunk, rows, dead, digest.hexdigest())
+
+    def _copy_rows(self, cur, rows_table, order: list[str], encoder, batches: Iterable[pa.RecordBatch | pa.Table],
+                   digest) -> int:
+        """COPY the batches into the rows table, each in the column ``order``,
+        in ``encoder``'s format; returns how many rows. ``digest`` takes every
+        payload (the chunk's checksum)."""
+        from psycopg import sql
+
+        rows = 0
+        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(
+                rows_table, sql.SQL(", ").join(map(sql.Identifier, order)), sql.SQL(encoder.option))) as copy:
+            copy.write(encoder.header())
+            for batch in batches:
+                if batch.schema.names != order:
+                    self._check_columns(batch.schema.names)
+                    batch = batch.select(order)
+                payload = encoder.encode(batch)
+                digest.update(payload)
+                copy.write(payload)
+                rows += batch.num_rows
+                fault_point("stage.mid_write")
+            copy.write(encoder.trailer())
+        return rows
 
     def _staging_error(self, exc: Exception, doing: str) -> Exception:
         """What write and refused_values raise for the two failures they share:

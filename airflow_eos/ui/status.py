@@ -4,7 +4,7 @@ and, with a Kafka connection, the end of each log and the lag behind it; the
 last `airflow-eos verify` the ledger recorded.
 
 Pure reading through the ledger's own queries (core/ledger.py,
-core/attempt.py): nothing here writes, and no SQL is repeated.
+core/attempt/): nothing here writes, and no SQL is repeated.
 """
 
 from __future__ import annotations

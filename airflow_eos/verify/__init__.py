@@ -44,7 +44,8 @@ from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.source import PartitionLog
 from airflow_eos.core.target import TargetSpec, legacy_target
-from airflow_eos.verify.audit import _Audit, committed_prefix
+from airflow_eos.verify.audit import _Audit
+from airflow_eos.verify.ledger_checks import committed_prefix
 from airflow_eos.verify.report import (
     CHECKPOINT,
     COUNT,

@@ -3,7 +3,8 @@ transaction of the ledger's database, between the ledger (windows, ranges,
 checkpoints, dead letters, offsets), the target's published rows (the relation
 its sink gives, see Sink.published_relation) and the records read from Kafka
 (eos_verify_records, see verify.kafka). Comparisons run in SQL over temp tables,
-so a million records cost seconds, not Python sets."""
+so a million records cost seconds, not Python sets. The checks of the ledger's
+counts, checkpoints and offsets are verify/ledger_checks.py's."""
 
 from __future__ import annotations
 
@@ -25,16 +26,19 @@ from airflow_eos.core.source import PartitionLog
 from airflow_eos.core.windows import PartitionRange, TopicPartition
 from airflow_eos.verify.kafka import read_records
 from airflow_eos.verify.foreign import foreign_violations
+from airflow_eos.verify.ledger_checks import (
+    checkpoint_violations,
+    committed_prefix,
+    count_violations,
+    offset_violations,
+    recorded_offsets,
+)
 from airflow_eos.verify.report import (
-    CHECKPOINT,
-    COUNT,
     DEAD_AND_PUBLISHED,
     DUPLICATE,
     EXTRA,
-    FOREIGN,
     MISSING,
     MORE,
-    OFFSETS,
     UNPUBLISHED,
     VerifyReport,
     Violation,
@@ -158,9 +162,7 @@ class _Audit:
             self._check_lineage()
         else:
             self._check_aggregates()
-        self._check_counts()
-        self._check_checkpoints()
-        self._check_offsets()
+        self._check_ledger()
 
     @property
     def _params(self) -> dict:
@@ -353,93 +355,16 @@ class _Audit:
                     f"{_at(ws)}: {self.count_column} adds up to {total - dead} plus {dead} dead letters = {total}, "
                     f"but Kafka holds {audit.kafka_records} records in the window's ranges", ws))
 
-    def _check_counts(self) -> None:
-        for ws, window in self.windows.items():
-            if window.state != WindowState.COMMITTED:
-                continue
-            audit = self.audits[ws]
-            if audit.published_rows != window.published_rows:
-                self.violations.append(Violation(
-                    COUNT, f"{_at(ws)}: the target holds {audit.published_rows} rows, the ledger recorded "
-                           f"{window.published_rows} published by attempt {window.committed_epoch}", ws))
-            if audit.dead_letters != window.dead_letter_rows:
-                self.violations.append(Violation(
-                    COUNT, f"{_at(ws)}: eos.dead_letters holds {audit.dead_letters} rows, the ledger recorded "
-                           f"{window.dead_letter_rows} by attempt {window.committed_epoch}", ws))
-
-    def _check_checkpoints(self) -> None:
-        checkpoints: dict[tuple[datetime, TopicPartition], tuple[int, int, int]] = {}
-        for ws, topic, partition, start, end, records in self.conn.execute(
-            "SELECT c.window_start, c.topic, c.partition, c.start_offset, c.end_offset, c.records"
-            " FROM eos.checkpoint_ranges c JOIN eos.windows w USING (pipeline, window_start)"
-            " WHERE c.pipeline = %s AND w.state = 'committed' AND c.epoch = w.committed_epoch", (self.pipeline,),
-        ):
-            checkpoints[ws, TopicPartition(topic, partition)] = (start, end, records)
-        for ws, window in self.windows.items():
-            if window.state != WindowState.COMMITTED:
-                continue
-            planned = {r.tp: r for r in window.ranges}
-            for (cws, tp), (start, end, records) in checkpoints.items():
-                if cws == ws and tp not in planned and end > start:
-                    self.violations.append(Violation(
-                        CHECKPOINT, f"{_at(ws)}: the checkpoint of attempt {window.committed_epoch} consumed {tp} "
-                                    f"[{start}, {end}), which the window does not plan", ws, tp.topic, tp.partition))
-            for r in window.ranges:
-                got = checkpoints.get((ws, r.tp))
-                if got is None:
-                    if r.width:
-                        self.violations.append(Violation(
-                            CHECKPOINT, f"{_at(ws)}: the checkpoint of attempt {window.committed_epoch} has no range "
-                                        f"for {r.tp}, planned [{r.start_offset}, {r.end_offset})",
-                            ws, r.topic, r.partition))
-                    continue
-                start, end, records = got
-                if (start, end) != (r.start_offset, r.end_offset):
-                    self.violations.append(Violation(
-                        CHECKPOINT, f"{_at(ws)}: the checkpoint of attempt {window.committed_epoch} consumed {r.tp} "
-                                    f"[{start}, {end}), the plan is [{r.start_offset}, {r.end_offset})",
-                        ws, r.topic, r.partition))
-                present = self.kafka_counts.get((ws, r.tp))
-                if present is not None and records != present:
-                    self.violations.append(Violation(
-                        CHECKPOINT, f"{_at(ws)}: the checkpoint of attempt {window.committed_epoch} counted {records} "
-                                    f"records in {r.tp} [{r.start_offset}, {r.end_offset}), Kafka holds {present}",
-                        ws, r.topic, r.partition))
-
-    def _check_offsets(self) -> None:
-        self.offsets = {TopicPartition(t, p): o for t, p, o in self.conn.execute(
-            'SELECT topic, partition, "offset" FROM eos.partition_offsets WHERE pipeline = %s', (self.pipeline,))}
-        self.expected = committed_prefix(list(self.windows.values()))
-        for tp in sorted(set(self.offsets) | set(self.expected)):
-            have, want = self.offsets.get(tp), self.expected.get(tp)
-            if have == want:
-                continue
-            if want is None:
-                message = (f"eos.partition_offsets holds {tp} at {have}, but no window of the contiguous "
-                           "committed prefix plans that partition")
-            elif have is None:
-                message = f"eos.partition_offsets has no offset for {tp}; the contiguous committed prefix ends at {want}"
-            else:
-                message = f"eos.partition_offsets holds {tp} at {have}; the contiguous committed prefix ends at {want}"
-            self.violations.append(Violation(OFFSETS, message, None, tp.topic, tp.partition, have))
+    def _check_ledger(self) -> None:
+        """The ledger against itself and what was read (verify.ledger_checks)."""
+        self.violations += count_violations(self.windows, self.audits)
+        self.violations += checkpoint_violations(self.conn, self.pipeline, self.windows, self.kafka_counts)
+        self.offsets = recorded_offsets(self.conn, self.pipeline)
+        self.expected = committed_prefix(self.windows.values())
+        self.violations += offset_violations(self.offsets, self.expected)
 
     @property
     def report(self) -> VerifyReport:
         order = sorted(self.audits.values(), key=lambda a: (a.window_start is None, a.window_start or 0))
         return VerifyReport(self.pipeline, self.table, self.lineage, order, self.offsets, self.expected,
                             self.violations)
-
-
-def committed_prefix(windows: list) -> dict[TopicPartition, int]:
-    """The end offsets of the windows from the earliest one, in time order, up
-    to the first that is not committed or does not start where the one before
-    ended: what eos.partition_offsets must hold."""
-    offsets: dict[TopicPartition, int] = {}
-    previous_end = None
-    for w in sorted(windows, key=lambda w: w.start):
-        if w.state != WindowState.COMMITTED or (previous_end is not None and w.start != previous_end):
-            break
-        for r in w.ranges:
-            offsets[r.tp] = r.end_offset
-        previous_end = w.end
-    return offsets

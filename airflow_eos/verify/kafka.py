@@ -19,8 +19,9 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import LogTruncated, OffsetsExpired, SourceUnavailable, UnknownTopic
-from airflow_eos.core.plan import held_behind, records_after
-from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog, consumer_config, reader
+from airflow_eos.core.skew import held_behind, records_after
+from airflow_eos.core.kafka_client import consumer_config, reader
+from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog
 from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
 from airflow_eos.verify.report import HELD, SOURCE, Violation, _at, _Window
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_eos.embedded import _stop_process, _wait_for_port, free_port
+from airflow_eos.embedded import free_port
+from airflow_eos.embedded.processes import stop_process, wait_for_port
 
 from harness.dags import run_window, states
 from test_orders_dag import T0, audit, fresh_topic, load_dag, produce_orders, run_after, sql, window_date  # noqa: F401
@@ -94,8 +95,8 @@ def standalone_cluster():
     try:
         master = start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                        "--port", str(port), "--webui-port", str(master_ui))
-        _wait_for_port(port, 120, master)
-        _wait_for_port(master_ui, 60, master)
+        wait_for_port(port, 120, master)
+        wait_for_port(master_ui, 60, master)
         worker = start("worker", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
                        "--cores", "1", "--memory", "1g", "--webui-port", str(worker_ui),
                        "--work-dir", str(work_dir))
@@ -109,7 +110,7 @@ def standalone_cluster():
         yield url, master_ui, work_dir
     finally:
         for proc in reversed(procs):
-            _stop_process(proc, grace=10.0, group=True)
+            stop_process(proc, grace=10.0, group=True)
         leftover = [proc.pid for proc in procs if process_group_alive(proc.pid)]
         if not leftover:
             shutil.rmtree(logs, ignore_errors=True)

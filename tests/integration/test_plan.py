@@ -28,7 +28,8 @@ from airflow_eos.core.errors import (
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import PlanRequest, plan_window
 from airflow_eos.targets.postgres.target import PostgresTarget
-from airflow_eos.core.source import PROBE_FETCH_BYTES, KafkaLog, client_logging
+from airflow_eos.core.kafka_client import client_logging
+from airflow_eos.core.source import PROBE_FETCH_BYTES, KafkaLog
 from airflow_eos.core.windows import Window, to_millis
 from airflow_eos.embedded import free_port
 from memlog import MemoryLog

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from airflow_eos.core.source import consumer_config
+from airflow_eos.core.kafka_client import consumer_config
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
 from airflow_eos.spark.kafka_source import (
     KAFKA_SCHEMA,

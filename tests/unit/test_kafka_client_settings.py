@@ -10,7 +10,7 @@ import logging
 
 from confluent_kafka import Producer
 
-from airflow_eos.core.source import LIBRDKAFKA_LOG, client_logging
+from airflow_eos.core.kafka_client import LIBRDKAFKA_LOG, client_logging
 from airflow_eos.targets.kafka import client
 
 # A value librdkafka accepts for each consumer-only property.

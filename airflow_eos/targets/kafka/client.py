@@ -29,7 +29,7 @@ from typing import Any
 
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.errors import TargetError
-from airflow_eos.core.source import client_logging
+from airflow_eos.core.kafka_client import client_logging
 from airflow_eos.core.windows import TopicPartition, Window, to_utc
 
 log = logging.getLogger(__name__)

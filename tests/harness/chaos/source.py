@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from airflow_eos.core.source import client_logging
+from airflow_eos.core.kafka_client import client_logging
 from airflow_eos.core.windows import to_millis
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 

@@ -1,0 +1,57 @@
+"""Embedded, throwaway real services: what ``airflow-eos demo`` runs on (PostgreSQL
+and Apache Kafka), and what the tests and ``make bench`` start too
+(with a Spark Connect server). In the package because the demo needs it at run
+time; the test-only harness lives in tests/harness.
+
+Each service listens on 127.0.0.1 on a free port and is stopped by whoever
+started it (use them as context managers).  When ``EOS_POSTGRES_URL`` or
+``EOS_KAFKA_BOOTSTRAP`` is set, :func:`postgres_service` / :func:`kafka_service`
+hand out that external service instead of starting one.
+
+No Airflow imports here: the demo and the benchmarks use this too. One module
+per service (``postgres``, ``kafka``, ``spark_connect``) and the process helpers
+they share (``processes``); import the services from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from airflow_eos.embedded.kafka import KAFKA_SETTINGS, KAFKA_VERSION, KafkaBroker, cluster_id, kafka_home
+from airflow_eos.embedded.postgres import PostgresServer
+from airflow_eos.embedded.processes import free_port
+from airflow_eos.embedded.spark_connect import SparkConnectServer
+
+__all__ = ["KAFKA_SETTINGS", "KAFKA_VERSION", "KafkaBroker", "PostgresServer", "ServiceHandle", "SparkConnectServer",
+           "cluster_id", "free_port", "kafka_home", "kafka_service", "postgres_service"]
+
+
+@dataclass(frozen=True)
+class ServiceHandle:
+    """What a test needs of a service, and whether it is ours to restart."""
+
+    address: str
+    embedded: object | None = None
+
+
+@contextlib.contextmanager
+def postgres_service() -> Iterator[ServiceHandle]:
+    external = os.environ.get("EOS_POSTGRES_URL")
+    if external:
+        yield ServiceHandle(external)
+        return
+    with PostgresServer() as server:
+        yield ServiceHandle(server.url, server)
+
+
+@contextlib.contextmanager
+def kafka_service() -> Iterator[ServiceHandle]:
+    external = os.environ.get("EOS_KAFKA_BOOTSTRAP")
+    if external:
+        yield ServiceHandle(external)
+        return
+    with KafkaBroker() as broker:
+        yield ServiceHandle(broker.bootstrap, broker)
