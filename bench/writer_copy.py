@@ -49,7 +49,7 @@ with PostgresServer() as server:
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(PARTITIONED_ORDERS_TABLE_DDL)
         pm = psutil.Process(psutil.Process(c.execute("SELECT pg_backend_pid()").fetchone()[0]).ppid())
-    target = PostgresTarget(url, "analytics.orders_partitioned", mode="partition_per_window")
+    target = PostgresTarget(url, "analytics.orders_partitioned", mode="partition_per_window").sink()
     ledger = Ledger(url)
     results = {}
     for rep, fmt in enumerate(["csv", "binary", "csv", "binary"]):

@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="job.py", description="airflow-eos stage job: stage one attempt of a window (run by spark-submit). "
         "The target (EOS_TARGET_JSON) and the Kafka settings (EOS_KAFKA_CONFIG_JSON) come from the environment.")
     parser.add_argument("--plan", required=True, help="the window's frozen plan, JSON")
-    parser.add_argument("--attempt", required=True, help="the attempt opened by PostgresTarget.begin, JSON")
+    parser.add_argument("--attempt", required=True, help="the attempt opened by the sink's begin, JSON")
     parser.add_argument("--transform", help="module:function, DataFrame -> DataFrame (default: records as read)")
     parser.add_argument("--max-records-per-task", type=int, default=DEFAULT_MAX_RECORDS_PER_TASK)
     parser.add_argument("--max-bad-records", type=int, default=0)

@@ -199,14 +199,14 @@ def run_stage(
     ``plan`` and ``attempt`` arrive parsed: whoever received them as text or
     a dict (the operator from XCom, job.py from its command line) parsed them
     once. ``attempt`` must be open (``target.begin`` made it); ``target`` is a bound
-    target's Sink (a PostgresTarget with its URL, a FileSink, ...). A sink with
+    target's Sink (a PostgresSink, a FileSink, ...). A sink with
     a :meth:`~airflow_eos.core.sink.Sink.spark_output` is written by Spark's own
     Parquet writer (:func:`~airflow_eos.spark.stage_files.stage_files`); any other through the eos_staging
     data source and its writer. ``read_options``: further eos_kafka options
     (arrow_batch_rows, end_grace_s, poll_timeout_s).
     """
     started = time.perf_counter()
-    url = target.ledger.url  # a PostgresTarget without its URL: ConfigurationError
+    url = target.ledger.url
     if max_bad_records < 0 or max_records_per_task < 1 or rows_per_chunk < 1:
         raise ConfigurationError("max_bad_records must be >= 0, max_records_per_task and rows_per_chunk >= 1")
     run = uuid.uuid4().hex[:12]

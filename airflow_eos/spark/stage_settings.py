@@ -44,7 +44,7 @@ DEFAULT_CHUNK_BYTES = 256 << 20
 class StageSettings:
     """Everything the writer's tasks and its commit need; travels as options."""
 
-    # A sink staged through the eos_staging writer (a PostgresTarget, a
+    # A sink staged through the eos_staging writer (a PostgresSink, a
     # KafkaSink): it has staging_writer(attempt, columns) and a spec's to_dict().
     target: Sink
     attempt: Attempt

@@ -240,14 +240,15 @@ def test_a_zombie_stage_attempt_is_never_published(airflow_connections, kafka_co
     ledger.migrate()
     with KafkaLog(kafka_config) as log:
         plan = plan_window(ledger, log, PlanRequest(Window("orders_hourly", T0, T0 + HOUR), ("orders",)))
-    target = PostgresTarget(pg_url, "analytics.orders")
+    spec = PostgresTarget(pg_url, "analytics.orders")
+    target = spec.sink()
     zombie = target.begin(plan.window)
     proc = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", "local[2]",
          "--conf", "spark.ui.enabled=false", stage_job_path(), "--plan", plan.to_json(),
          "--attempt", json.dumps(zombie.to_dict()), "--max-records-per-task", "1000000",
          "--max-bad-records", "100", "--transform", "airflow_eos.examples.transforms:orders"],
-        env={**os.environ, **stage_job_environment(target, kafka_config, local=True)},
+        env={**os.environ, **stage_job_environment(spec, kafka_config, local=True)},
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert sql(pg_url, "SELECT state FROM eos.attempts") == [("checkpointed",)]
@@ -261,7 +262,7 @@ def test_a_zombie_stage_attempt_is_never_published(airflow_connections, kafka_co
     late = target.commit(zombie)
     assert (late.outcome, late.changed, late.committed_epoch) == ("skipped", False, 2)
     with pytest.raises((AttemptFenced, AttemptClosed)):
-        PostgresTarget(pg_url, "analytics.orders", on_committed="replace").commit(zombie)
+        PostgresTarget(pg_url, "analytics.orders", on_committed="replace").sink().commit(zombie)
     report = audit(pg_url, kafka_config)
     assert report.totals.published_rows == counts["good"][0]
     assert report.totals.dead_letters == counts["bad"][0]

@@ -95,7 +95,7 @@ def test_too_many_bad_records_on_the_server_fail_with_a_clear_error_and_leave_no
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(ORDERS_TABLE_DDL)
     plan = freeze_first_hour(pg_url, "orders_hourly")
-    target = PostgresTarget(pg_url, "analytics.orders")
+    target = PostgresTarget(pg_url, "analytics.orders").sink()
     attempt = target.begin(plan.window)
 
     spark = spark_session("eos-test-connect-bad-records", remote=connect_server.url)

@@ -38,9 +38,10 @@ def orders(pg_url, ledger):
 @pytest.fixture
 def committed(ledger, kafka_config, orders):
     """Windows 0 and 1 committed, window 2 planned with one aborted and one open attempt."""
-    built = build(ledger, kafka_config, orders, commit=[0, 1])
-    orders.abort(orders.begin(built.plans[2].window), "stage failed")
-    built.open_attempt = orders.begin(built.plans[2].window)
+    sink = orders.sink()
+    built = build(ledger, kafka_config, sink, commit=[0, 1])
+    sink.abort(sink.begin(built.plans[2].window), "stage failed")
+    built.open_attempt = sink.begin(built.plans[2].window)
     return built
 
 

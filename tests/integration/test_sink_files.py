@@ -651,7 +651,7 @@ def two_targets_with_zombies(pg_url, ledger, sink, freeze_windows, *, claimed):
     3 hours ago (staged into the root, begun in eos_staging)."""
     from airflow_eos.targets.postgres.target import PostgresTarget
     execute(pg_url, PAYMENTS_DDL)
-    pg = PostgresTarget(pg_url, "payments")
+    pg = PostgresTarget(pg_url, "payments").sink()
     [files_plan] = freeze_windows(PIPELINE, [0])
     [pg_plan] = freeze_windows("payments_hourly", [0], partitions=(("payments", 0),))
     if claimed:

@@ -66,7 +66,7 @@ def orders(pg_url, ledger, request):
     """The orders target in each publishing mode: every test of the window's
     life below runs against both."""
     execute(pg_url, orders_ddl(request.param))
-    return PostgresTarget(pg_url, "analytics.orders", mode=request.param)
+    return PostgresTarget(pg_url, "analytics.orders", mode=request.param).sink()
 
 
 def records(plan, version=1):
@@ -182,7 +182,7 @@ def test_values_survive_staging_exactly(pg_url, ledger, freeze_windows):
     make the round trip through the CSV staging unchanged."""
     execute(pg_url, "CREATE TABLE t (s text, b bytea, f float8, ts timestamp, d date, ok boolean,"
                     " eos_pipeline text, eos_window_start timestamptz)")
-    target = PostgresTarget(pg_url, "t")
+    target = PostgresTarget(pg_url, "t").sink()
     [plan] = freeze_windows("p", [0])
     attempt = target.begin(plan.window)
     values = {
@@ -214,7 +214,7 @@ def test_the_server_names_every_value_a_column_refuses_in_one_question(pg_url, l
     trailing spaces beyond a varchar's length are cut, not refused) from the text
     COPY receives (quotes, newlines, empty vs null); the rest then stages."""
     execute(pg_url, "CREATE TABLE t (n integer, code varchar(3), eos_pipeline text, eos_window_start timestamptz)")
-    target = PostgresTarget(pg_url, "t")
+    target = PostgresTarget(pg_url, "t").sink()
     [plan] = freeze_windows("p", [0])
     attempt = target.begin(plan.window)
     writer = target.writer(attempt)
@@ -312,7 +312,7 @@ def test_racing_commits_publish_exactly_once(pg_url, orders, freeze_windows):
     attempt = stage(orders, plan)
     with psycopg.connect(pg_url) as gate:  # hold the window row so both commits queue up behind it
         gate.execute("SELECT 1 FROM eos.windows FOR UPDATE")
-        racers = [Background(PostgresTarget(pg_url, "analytics.orders", mode=orders.mode).commit, attempt) for _ in range(2)]
+        racers = [Background(PostgresTarget(pg_url, "analytics.orders", mode=orders.mode).sink().commit, attempt) for _ in range(2)]
         blocked_on_locks(pg_url, 2, application="airflow-eos commit")
         gate.rollback()
     outcomes = sorted(r.outcome(timeout=20)[0].outcome for r in racers)
@@ -501,7 +501,7 @@ def test_checkpoint_must_cover_the_plan(pg_url, orders, freeze_windows):
 @pytest.mark.parametrize("mode", ["replace_window", PARTITION_PER_WINDOW])
 def test_replace_rerun_swaps_the_window_atomically_for_readers(pg_url, ledger, freeze_windows, mode):
     execute(pg_url, orders_ddl(mode))
-    target = PostgresTarget(pg_url, "analytics.orders", mode=mode, on_committed="replace")
+    target = PostgresTarget(pg_url, "analytics.orders", mode=mode, on_committed="replace").sink()
     [w0, w1] = freeze_windows("p", [0, 1])
     assert [target.commit(stage(target, plan)).outcome for plan in (w0, w1)] == [PUBLISHED, PUBLISHED]
     old = expected_rows(w0, version=1)
@@ -573,7 +573,7 @@ def test_skip_rerun_is_a_reported_noop(pg_url, orders, freeze_windows):
 def test_upsert_mode_updates_keys_and_replace_reupserts(pg_url, ledger, freeze_windows):
     execute(pg_url, "CREATE TABLE balances (account bigint PRIMARY KEY, balance bigint NOT NULL,"
                     " eos_offset bigint NOT NULL)")
-    target = PostgresTarget(pg_url, "balances", mode="upsert", key=("account",), on_committed="replace")
+    target = PostgresTarget(pg_url, "balances", mode="upsert", key=("account",), on_committed="replace").sink()
     w0, w1 = freeze_windows("p", [0, 1], partitions=(("tx", 0),))
 
     def run(plan, accounts, balance):
@@ -596,7 +596,7 @@ def test_upsert_key_without_unique_index_is_refused_at_begin(pg_url, ledger, fre
     execute(pg_url, "CREATE TABLE balances (account bigint, balance bigint)")
     [plan] = freeze_windows("p", [0])
     with pytest.raises(TargetError, match=r"upsert key \(account\) of balances needs a unique index"):
-        PostgresTarget(pg_url, "balances", mode="upsert", key="account").begin(plan.window)
+        PostgresTarget(pg_url, "balances", mode="upsert", key="account").sink().begin(plan.window)
     assert window_row(pg_url, plan.window)[1] == 0  # no attempt opened
 
 
@@ -626,7 +626,7 @@ def test_concurrent_commits_of_neighbouring_windows_leave_the_whole_prefix(pg_ur
     attempts = [stage(orders, plan) for plan in plans]
     with psycopg.connect(pg_url) as gate:
         gate.execute("SELECT 1 FROM eos.pipelines FOR UPDATE")
-        commits = [Background(PostgresTarget(pg_url, "analytics.orders", mode=orders.mode).commit, a) for a in attempts]
+        commits = [Background(PostgresTarget(pg_url, "analytics.orders", mode=orders.mode).sink().commit, a) for a in attempts]
         blocked_on_locks(pg_url, 2, application="airflow-eos commit")  # both windows published, offsets not yet computed
         gate.rollback()
         results = [c.outcome()[0] for c in commits]
@@ -688,7 +688,7 @@ def test_hostile_identifiers_are_quoted_never_executed(pg_url, ledger, freeze_wi
     execute(pg_url, sql.SQL("CREATE INDEX {} ON {} (note)").format(
         sql.Identifier("i'dx\" --%s"), sql.Identifier(schema, table)).as_string(None))
     quoted = '"' + schema.replace('"', '""') + '"."' + table.replace('"', '""') + '"'
-    target = PostgresTarget(pg_url, quoted, mode=mode)
+    target = PostgresTarget(pg_url, quoted, mode=mode).sink()
     pipeline = "orders'); DROP TABLE eos.attempts; --\"x"
     [plan] = freeze_windows(pipeline, [0])
     attempt = target.begin(plan.window)
@@ -815,7 +815,7 @@ def partitioned_orders(pg_url, ledger):
     """The orders target partitioned by window, with a unique lineage
     constraint, a CHECK and a plain index the partitions must carry."""
     execute(pg_url, PARTITIONED_ORDERS_DDL)
-    return PostgresTarget(pg_url, "analytics.orders", mode=PARTITION_PER_WINDOW)
+    return PostgresTarget(pg_url, "analytics.orders", mode=PARTITION_PER_WINDOW).sink()
 
 
 def relation(url, name):
@@ -880,12 +880,12 @@ def test_partition_per_window_refuses_a_target_not_partitioned_by_window(pg_url,
     [plan] = freeze_windows("p", [0])
     execute(pg_url, ORDERS_DDL)
     with pytest.raises(TargetError, match=r"PARTITION BY RANGE \(eos_window_start\).*it is not partitioned"):
-        PostgresTarget(pg_url, "analytics.orders", mode=PARTITION_PER_WINDOW).begin(plan.window)
+        PostgresTarget(pg_url, "analytics.orders", mode=PARTITION_PER_WINDOW).sink().begin(plan.window)
     execute(pg_url, "DROP TABLE analytics.orders")
     execute(pg_url, ORDERS_DDL.replace("CREATE SCHEMA analytics;", "").replace(
         "\n    );", "\n    ) PARTITION BY LIST (eos_pipeline);"))
     with pytest.raises(TargetError, match=r"it is partitioned by LIST \(eos_pipeline\)"):
-        PostgresTarget(pg_url, "analytics.orders", mode=PARTITION_PER_WINDOW).begin(plan.window)
+        PostgresTarget(pg_url, "analytics.orders", mode=PARTITION_PER_WINDOW).sink().begin(plan.window)
     assert window_row(pg_url, plan.window)[1] == 0 and staging_tables(pg_url) == []  # no attempt opened
 
 

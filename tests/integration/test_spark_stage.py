@@ -329,7 +329,7 @@ def test_a_gappy_window_is_staged_exactly_then_published(spark, pg_url, ledger, 
     assert 180_000 < len(expected) < plan.max_records
     execute(pg_url, RAW_DDL)
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "raw_records")
+    target = PostgresTarget(pg_url, "raw_records").sink()
     attempt = target.begin(plan.window)
 
     report = run_stage(spark, plan, attempt, target, kafka_config, max_records_per_task=30_000,
@@ -377,7 +377,7 @@ def test_bad_records_become_dead_letters_with_offsets_and_the_rest_is_staged(spa
     assert all(len(v) >= 10 for v in by_kind.values()), {k: len(v) for k, v in by_kind.items()}
     execute(pg_url, ORDERS_DDL)
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "orders")
+    target = PostgresTarget(pg_url, "orders").sink()
     attempt = target.begin(plan.window)
 
     report = run_stage(spark, plan, attempt, target, kafka_config, parse_orders, max_records_per_task=1_000,
@@ -425,7 +425,7 @@ def test_more_dead_letters_than_allowed_fail_clearly_and_leave_no_checkpoint(spa
     per_partition = max(sum(1 for k in bad if k[1] == p) for p in range(MIXED_PARTITIONS))
     execute(pg_url, ORDERS_DDL)
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "orders")
+    target = PostgresTarget(pg_url, "orders").sink()
     for limit, where in ((per_partition, "the job dead-lettered"), (3, "this write task dead-lettered")):
         attempt = target.begin(plan.window)
         with pytest.raises(StageFailed) as failure:
@@ -460,7 +460,7 @@ def test_a_task_failing_mid_write_aborts_the_attempt_and_a_rerun_stages_fully(sp
     good = {k for k, rec in records.items() if expected_kind(rec[1]) == "good"}
     execute(pg_url, ORDERS_DDL)
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "orders")
+    target = PostgresTarget(pg_url, "orders").sink()
     attempt = target.begin(plan.window)
     last = (1, truth["ends"][1] - 1)
     batch_rows = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
@@ -500,7 +500,7 @@ def test_a_killed_task_is_retried_and_the_chunks_it_committed_are_never_publishe
     good = {k for k, rec in records.items() if expected_kind(rec[1]) == "good"}
     execute(pg_url, ORDERS_DDL)
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "orders")
+    target = PostgresTarget(pg_url, "orders").sink()
     attempt = target.begin(plan.window)
     marker = tmp_path / "killed-once"
     batch_rows = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
@@ -536,7 +536,7 @@ def test_two_attempts_staged_concurrently_only_the_newer_can_be_prepared(spark, 
     good = {k for k, rec in in_plan(truth, plan).items() if expected_kind(rec[1]) == "good"}
     execute(pg_url, ORDERS_DDL)
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "orders")
+    target = PostgresTarget(pg_url, "orders").sink()
     older = target.begin(plan.window)
     older_checked, newer_opened = threading.Event(), threading.Event()
     outcomes: dict[str, object] = {}
@@ -589,7 +589,7 @@ def test_what_cannot_be_staged_is_refused_before_any_spark_work(spark, pg_url, l
     plan = whole_plan(topic, truth, MIXED_PARTITIONS)
     execute(pg_url, ORDERS_DDL)
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "orders")
+    target = PostgresTarget(pg_url, "orders").sink()
     older = target.begin(plan.window)
     attempt = target.begin(plan.window)
 
@@ -668,7 +668,7 @@ def test_job_commit_refuses_a_read_that_does_not_cover_the_plan(pg_url, ledger):
     plan = WindowPlan(WINDOW, (PartitionRange("t", 0, 0, 300), PartitionRange("t", 1, 10, 20)))
     execute(pg_url, ORDERS_DDL)
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "orders")
+    target = PostgresTarget(pg_url, "orders").sink()
     attempt = target.begin(plan.window)
     settings = StageSettings(target, attempt, plan, "run1", Layout(("id",)), max_bad_records=0)
     options = report_options(pg_url, attempt, "run1")
@@ -728,10 +728,11 @@ def test_spark_submit_runs_the_job_with_the_operators_contract(pg_url, ledger, k
     # The test server trusts every client, so a password in the URL is ignored;
     # it must still never reach the job's output.
     password = "s3cret-pw"
-    target = PostgresTarget(pg_url.replace("postgres@", f"postgres:{password}@", 1), "analytics.orders")
+    spec = PostgresTarget(pg_url.replace("postgres@", f"postgres:{password}@", 1), "analytics.orders")
+    target = spec.sink()
 
     def submit(attempt, max_bad_records):
-        env = {**os.environ, **stage_job_environment(target, kafka_config, local=True),
+        env = {**os.environ, **stage_job_environment(spec, kafka_config, local=True),
                "PYSPARK_DRIVER_PYTHON": sys.executable}
         spark_submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
         return subprocess.run(
@@ -829,7 +830,7 @@ def test_refused_rows_are_found_from_the_copy_line_even_across_multiline_values(
     plan = WindowPlan(WINDOW, (PartitionRange("t", 0, 0, 200),))
     execute(pg_url, ORDERS_DDL)
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "orders")
+    target = PostgresTarget(pg_url, "orders").sink()
     attempt = target.begin(plan.window)
     staged = target.writer(attempt).columns
     refused = {37, 105}
@@ -905,7 +906,7 @@ def test_refused_values_are_isolated_per_column_not_per_row(pg_url, ledger, kafk
     bad_code = {o for o in range(10_000) if o % 100 == 1}
     execute(pg_url, ITEMS_DDL)
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "items")
+    target = PostgresTarget(pg_url, "items").sink()
     attempt = target.begin(plan.window)
 
     def batch(offsets):
@@ -954,7 +955,7 @@ def test_a_column_the_target_refuses_for_every_row_fails_the_stage(spark, pg_url
     plan = WindowPlan(WINDOW, tuple(PartitionRange(topic, p, 0, 400) for p in range(MIXED_PARTITIONS)))
     execute(pg_url, ORDERS_DDL.replace("varchar(4)", "integer"))
     freeze(pg_url, plan)
-    target = PostgresTarget(pg_url, "orders")
+    target = PostgresTarget(pg_url, "orders").sink()
     attempt = target.begin(plan.window)
 
     with pytest.raises(StageFailed) as failure:

@@ -63,7 +63,7 @@ def begin(url, n):
     with ledger.connect() as conn, conn.transaction():
         ledger.lock_pipeline(conn, plan.pipeline)
         ledger.freeze(conn, plan, [])
-    target = PostgresTarget(url, "hostile")
+    target = PostgresTarget(url, "hostile").sink()
     return plan, target, target.begin(plan.window)
 
 

@@ -176,7 +176,7 @@ def audit_of(report, window_start):
 
 
 def test_a_correct_pipeline_is_clean_and_counts_records_not_offsets(ledger, kafka_config, orders):
-    built = build(ledger, kafka_config, orders, dead={(1, 4)})
+    built = build(ledger, kafka_config, orders.sink(), dead={(1, 4)})
     report = verify(ledger, kafka_config, orders, PIPELINE)
     assert report.clean, str(report)
     assert report.lineage and report.committed_windows == 3
@@ -192,7 +192,7 @@ def test_a_correct_pipeline_is_clean_and_counts_records_not_offsets(ledger, kafk
 
 
 def test_a_partition_log_gives_the_same_report(ledger, kafka_config, orders):
-    build(ledger, kafka_config, orders, windows=2)
+    build(ledger, kafka_config, orders.sink(), windows=2)
     with KafkaLog(kafka_config) as log_:
         by_log = verify(ledger, log_, orders.table, PIPELINE)
     by_config = verify(ledger, kafka_config, orders, PIPELINE)
@@ -201,7 +201,7 @@ def test_a_partition_log_gives_the_same_report(ledger, kafka_config, orders):
 
 
 def test_uncommitted_windows_are_not_audited_and_keep_offsets_back(ledger, kafka_config, orders):
-    built = build(ledger, kafka_config, orders, commit=[1])  # window 0 is only planned
+    built = build(ledger, kafka_config, orders.sink(), commit=[1])  # window 0 is only planned
     report = verify(ledger, kafka_config, orders, PIPELINE)
     assert report.clean, str(report)
     assert [a.state for a in report.windows] == ["planned", "committed", "planned"]
@@ -213,7 +213,7 @@ def test_uncommitted_windows_are_not_audited_and_keep_offsets_back(ledger, kafka
 
 
 def test_a_duplicated_row(pg_url, ledger, kafka_config, orders):
-    built = build(ledger, kafka_config, orders)
+    built = build(ledger, kafka_config, orders.sink())
     w1 = built.plans[1].window.start
     offset = built.records(built.plans[1], 0)[1]
     execute(pg_url, "INSERT INTO orders SELECT * FROM orders WHERE eos_partition = 0 AND eos_offset = %s", (offset,))
@@ -228,7 +228,7 @@ def test_a_duplicated_row(pg_url, ledger, kafka_config, orders):
 
 
 def test_a_deleted_row(pg_url, ledger, kafka_config, orders):
-    built = build(ledger, kafka_config, orders)
+    built = build(ledger, kafka_config, orders.sink())
     w2 = built.plans[2].window.start
     offset = built.records(built.plans[2], 1)[-1]
     execute(pg_url, "DELETE FROM orders WHERE eos_partition = 1 AND eos_offset = %s", (offset,))
@@ -240,7 +240,7 @@ def test_a_deleted_row(pg_url, ledger, kafka_config, orders):
 
 
 def test_rows_without_a_record_of_their_committed_window(pg_url, ledger, kafka_config, orders):
-    built = build(ledger, kafka_config, orders, commit=[0, 1])
+    built = build(ledger, kafka_config, orders.sink(), commit=[0, 1])
     w0, w1, w2 = (p.window.start for p in built.plans)
     topic = built.topic
     beyond = max(r.end_offset for p in built.plans for r in p.ranges) + 100
@@ -272,7 +272,7 @@ def test_rows_without_a_record_of_their_committed_window(pg_url, ledger, kafka_c
 
 
 def test_a_record_both_dead_letter_and_published(pg_url, ledger, kafka_config, orders):
-    built = build(ledger, kafka_config, orders, dead={(0, 1)})
+    built = build(ledger, kafka_config, orders.sink(), dead={(0, 1)})
     w0 = built.plans[0].window.start
     assert 1 in built.records(built.plans[0], 0)
     execute(pg_url, "INSERT INTO orders VALUES (1, 'again', %s, 0, 1, %s, %s)", (built.topic, PIPELINE, w0))
@@ -284,7 +284,7 @@ def test_a_record_both_dead_letter_and_published(pg_url, ledger, kafka_config, o
 
 
 def test_a_dead_letter_of_another_attempt_or_no_record(pg_url, ledger, kafka_config, orders):
-    built = build(ledger, kafka_config, orders, windows=1, dead={(1, 0)})
+    built = build(ledger, kafka_config, orders.sink(), windows=1, dead={(1, 0)})
     w0 = built.plans[0].window.start
     execute(pg_url, "UPDATE eos.dead_letters SET epoch = 7")
     report = verify(ledger, kafka_config, orders, PIPELINE)
@@ -295,7 +295,7 @@ def test_a_dead_letter_of_another_attempt_or_no_record(pg_url, ledger, kafka_con
 
 
 def test_a_wrong_or_missing_partition_offset(pg_url, ledger, kafka_config, orders):
-    built = build(ledger, kafka_config, orders, windows=2)
+    built = build(ledger, kafka_config, orders.sink(), windows=2)
     end = {r.partition: r.end_offset for r in built.plans[-1].ranges}
     execute(pg_url, 'UPDATE eos.partition_offsets SET "offset" = "offset" - 1 WHERE partition = 0')
     execute(pg_url, "DELETE FROM eos.partition_offsets WHERE partition = 1")
@@ -309,7 +309,7 @@ def test_a_wrong_or_missing_partition_offset(pg_url, ledger, kafka_config, order
 
 
 def test_a_tampered_checkpoint_count(pg_url, ledger, kafka_config, orders):
-    built = build(ledger, kafka_config, orders, windows=1)
+    built = build(ledger, kafka_config, orders.sink(), windows=1)
     r = next(r for r in built.plans[0].ranges if r.partition == 1)
     execute(pg_url, "UPDATE eos.checkpoint_ranges SET records = records + 1 WHERE partition = 1")
     report = verify(ledger, kafka_config, orders, PIPELINE)
@@ -319,7 +319,7 @@ def test_a_tampered_checkpoint_count(pg_url, ledger, kafka_config, orders):
 
 
 def test_examples_are_capped_per_window_but_counts_are_exact(pg_url, ledger, kafka_config, orders):
-    build(ledger, kafka_config, orders, windows=1, minutes=range(0, 60, 6))  # 10 records per partition
+    build(ledger, kafka_config, orders.sink(), windows=1, minutes=range(0, 60, 6))  # 10 records per partition
     execute(pg_url, "DELETE FROM orders WHERE eos_partition = 0")
     report = verify(ledger, kafka_config, orders, PIPELINE, max_examples=3)
     assert report.windows[0].missing == 10 and report.totals.missing == 10
@@ -356,7 +356,7 @@ def test_a_partition_held_by_a_far_future_cut_is_not_clean(ledger, kafka_config,
             plans.append(WindowPlan(Window(PIPELINE, T0 + i * HOUR, T0 + (i + 1) * HOUR), tuple(ranges)))
         return plans
 
-    built = build(ledger, kafka_config, orders, stamps=stamps, frozen=old_planner)
+    built = build(ledger, kafka_config, orders.sink(), stamps=stamps, frozen=old_planner)
     p1 = [next(r for r in plan.ranges if r.partition == 1) for plan in built.plans]
     outlier = built.offsets[TopicPartition(built.topic, 1)][10]
     assert [(r.start_offset, r.end_offset) for r in p1[1:]] == [(outlier, outlier)] * 2  # the stall
@@ -385,7 +385,7 @@ def test_a_partition_held_by_a_far_future_cut_is_not_clean(ledger, kafka_config,
 
 
 def test_an_aggregate_pipeline_is_clean_then_a_tampered_count_is_caught(pg_url, ledger, kafka_config, counts):
-    built = build(ledger, kafka_config, counts, aggregate=True, dead={(0, 0)})
+    built = build(ledger, kafka_config, counts.sink(), aggregate=True, dead={(0, 0)})
     report = verify(ledger, kafka_config, counts, PIPELINE, count_column="n")
     assert report.clean, str(report)
     assert not report.lineage
@@ -402,7 +402,7 @@ def test_an_aggregate_pipeline_is_clean_then_a_tampered_count_is_caught(pg_url, 
 
 
 def test_an_aggregate_window_with_a_row_too_many_or_unplanned(pg_url, ledger, kafka_config, counts):
-    built = build(ledger, kafka_config, counts, aggregate=True, windows=2)
+    built = build(ledger, kafka_config, counts.sink(), aggregate=True, windows=2)
     w0 = built.plans[0].window.start
     unplanned = T0 + 10 * HOUR
     execute(pg_url, "INSERT INTO order_counts VALUES (0, 0, %s, %s), (0, 5, %s, %s)",
@@ -417,7 +417,7 @@ def test_an_aggregate_window_with_a_row_too_many_or_unplanned(pg_url, ledger, ka
 
 
 def test_an_aggregate_dead_letter_must_be_a_record_of_its_window(pg_url, ledger, kafka_config, counts):
-    built = build(ledger, kafka_config, counts, aggregate=True, windows=1, dead={(0, 0)})
+    built = build(ledger, kafka_config, counts.sink(), aggregate=True, windows=1, dead={(0, 0)})
     marker = next(o for o in range(10) if o not in built.offsets[TopicPartition(built.topic, 0)])
     execute(pg_url, 'UPDATE eos.dead_letters SET "offset" = %s', (marker,))
     report = verify(ledger, kafka_config, counts, PIPELINE, count_column="n")
@@ -431,7 +431,7 @@ def test_an_aggregate_dead_letter_must_be_a_record_of_its_window(pg_url, ledger,
 
 
 def test_an_unknown_pipeline_a_missing_table_or_no_ledger_is_an_error(pg_url, ledger, kafka_config, orders):
-    build(ledger, kafka_config, orders, windows=1)
+    build(ledger, kafka_config, orders.sink(), windows=1)
     with pytest.raises(ConfigurationError, match=r"pipeline 'nope' has no windows .*; it knows orders_hourly"):
         verify(ledger, kafka_config, orders, "nope")
     with pytest.raises(TargetError, match="target table missing does not exist"):
@@ -448,7 +448,7 @@ class _Sink(Sink):
     """A sink verify knows only by the interface; the window's life is not its business here."""
 
     def __init__(self, target: PostgresTarget):
-        self.ledger = target.ledger
+        self.ledger = target.sink().ledger
         self.target = target
 
     def begin(self, window):
@@ -481,7 +481,7 @@ class _CopiedSink(_Sink):
 
 
 def test_verify_reads_any_sink_through_its_published_relation(ledger, kafka_config, orders):
-    build(ledger, kafka_config, orders, windows=2, dead={(1, 4)})
+    build(ledger, kafka_config, orders.sink(), windows=2, dead={(1, 4)})
     by_table = verify(ledger, kafka_config, orders, PIPELINE)
     by_sink = verify(ledger, kafka_config, _CopiedSink(orders), PIPELINE)
     assert by_table.clean and by_sink.clean and by_sink.lineage
@@ -495,13 +495,13 @@ def test_verify_reads_any_sink_through_its_published_relation(ledger, kafka_conf
 
 
 def test_an_unbound_spec_is_read_in_the_ledgers_database(ledger, kafka_config, orders):
-    build(ledger, kafka_config, orders, windows=1)
+    build(ledger, kafka_config, orders.sink(), windows=1)
     report = verify(ledger, kafka_config, PostgresTarget(table="orders", postgres_conn_id="elsewhere"), PIPELINE)
     assert report.clean and report.table == "orders"
 
 
 def test_a_hostile_table_name_is_quoted(pg_url, ledger, kafka_config, orders):
-    build(ledger, kafka_config, orders, windows=1)
+    build(ledger, kafka_config, orders.sink(), windows=1)
     execute(pg_url, """CREATE SCHEMA "s%(p)s"; ALTER TABLE orders SET SCHEMA "s%(p)s";"""
                     """ ALTER TABLE "s%(p)s".orders RENAME TO "or%s'ders"" x; --" """)
     report = verify(ledger, kafka_config, '"s%(p)s"."or%s\'ders"" x; --"', PIPELINE)
@@ -513,7 +513,7 @@ def test_a_recreated_topic_is_reported_not_mistaken_for_extra_rows(ledger, kafka
     loudly per range; the window's rows are not called extra for it."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    built = build(ledger, kafka_config, orders, windows=2)
+    built = build(ledger, kafka_config, orders.sink(), windows=2)
     admin = AdminClient(kafka_config)
     for f in admin.delete_topics([built.topic]).values():
         f.result(15)
@@ -536,7 +536,7 @@ def test_rows_of_another_pipeline_from_this_pipelines_topics_are_foreign(pg_url,
     published (or left over) for this pipeline's source records are violations
     naming that pipeline, by lineage; rows of a pipeline with other topics are
     that pipeline's and not reported."""
-    built = build(ledger, kafka_config, orders)
+    built = build(ledger, kafka_config, orders.sink())
     assert verify(ledger, kafka_config, orders, PIPELINE).clean
     execute(pg_url, "INSERT INTO orders SELECT id, value, 'elsewhere', eos_partition, eos_offset, 'other',"
                     " eos_window_start FROM orders")  # a pipeline with disjoint topics shares the table

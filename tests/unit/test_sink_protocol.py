@@ -59,6 +59,7 @@ def test_bad_table_names_are_refused(text):
 def test_a_tables_identity_for_the_pipeline_claim_is_one_however_it_is_spelt(names, target_id):
     assert {PostgresTarget(table=n).target_id for n in names} == {target_id}
     assert {PostgresTarget(table=n, mode="partition_per_window").target_id for n in names} == {target_id}
+    assert {PostgresTarget("postgresql://u@h/db", n).sink().target_id for n in names} == {target_id}
 
 
 @pytest.mark.parametrize("pipeline", ["orders_hourly", "x" * 500, "'; DROP TABLE eos.windows; --\"", "ünï", "."])
@@ -166,9 +167,11 @@ def test_target_and_writer_are_picklable_and_never_show_passwords():
     target = PostgresTarget("postgresql://u:secret@h/db", "analytics.orders", mode="upsert", key="id")
     assert target.key == ("id",)
     assert pickle.loads(pickle.dumps(target)) == target
+    sink = target.sink()
+    assert pickle.loads(pickle.dumps(sink)) == sink and sink.to_dict() == target.to_dict()
     writer = StagingWriter("postgresql://u:secret@h/db", "s_e1", ("id", "note"), "analytics.orders")
     assert StagingWriter.from_json(writer.to_json()) == writer == pickle.loads(pickle.dumps(writer))
-    assert "secret" not in repr(target) and "secret" not in repr(writer)
+    assert "secret" not in repr(target) and "secret" not in repr(sink) and "secret" not in repr(writer)
 
 
 def test_csv_encoding_keeps_nulls_apart_from_empty_strings_and_instants_in_utc():

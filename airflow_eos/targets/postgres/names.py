@@ -73,6 +73,17 @@ def table_identifier(name: str) -> sql.Identifier:
     return sql.Identifier(table) if schema is None else sql.Identifier(schema, table)
 
 
+def table_target_id(name: str) -> str:
+    """The table ``name``'s identity for the pipeline's claim in the ledger:
+    ``postgresql:schema.table``, normalised so that ``analytics.orders`` and
+    ``"analytics".ORDERS`` are one target. A part is double-quoted only where
+    PostgreSQL would need it (``postgresql:"My Schema".orders``). A name
+    without a schema is taken to be in ``public``, where PostgreSQL's default
+    search_path puts it. The database needs no naming: the ledger lives in it."""
+    schema, table = parse_table_name(name)
+    return f"{ID_SCHEME}:" + ".".join(quoted_if_needed(part) for part in (schema or "public", table))
+
+
 def quoted_if_needed(part: str) -> str:
     """A name part as PostgreSQL prints identifiers: bare when it reads back as
     itself unquoted, else double-quoted with quotes doubled."""

@@ -3,7 +3,7 @@ committed window deletes (its rows, or in ``partition_per_window`` its
 partition), how an attempt's rows are published (``INSERT … SELECT`` of the
 checkpointed chunks, ``ON CONFLICT … DO UPDATE`` in ``upsert``, or ``ATTACH
 PARTITION`` of the sealed staging), and its dead letters. Each runs inside the
-commit's transaction (see :meth:`PostgresTarget.commit`), which keeps the
+commit's transaction (see :meth:`PostgresSink.publish_in_decision`), which keeps the
 window's rows and the pipeline's offsets together.
 
 Values go in as literals, not parameters: with parameters psycopg would read a

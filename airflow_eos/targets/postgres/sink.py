@@ -1,6 +1,6 @@
 """PostgresSink: the runtime part of the two-phase-commit target for
-PostgreSQL (the serialisable spec, :class:`~airflow_eos.targets.postgres.target.PostgresTarget`,
-extends it: a bound PostgresTarget is its own sink).
+PostgreSQL, built by its serialisable spec when bound
+(:meth:`PostgresTarget.sink <airflow_eos.targets.postgres.target.PostgresTarget.sink>`).
 
 The ledger and the target table share one database, so a window's rows, its
 dead letters and the pipeline's offsets commit in one transaction. In the order
@@ -47,12 +47,12 @@ rows). Record-level pipelines should also keep the lineage columns
 ``airflow-eos verify`` uses them to prove every record of the committed windows
 was published exactly once. To the sink they are ordinary target columns.
 
-The package's modules, one job each: ``names`` (the table-name parser, the
-staging's identifiers, the reserved columns), ``shape`` (what the target table
-is, checked), ``staging`` (an attempt's staging tables and their seal),
-``writer`` (StagingWriter, the CSV encoding, dead letters) and ``publish`` (the
-commit's SQL per mode). This module's sink runs each step's transaction and
-delegates to those.
+The package's modules, one job each: ``target`` (the spec), ``names`` (the
+table-name parser, the target id, the modes), ``shape`` (what the target table
+is, checked), ``staging`` (an attempt's staging tables and their seal) and
+``publish`` (the commit's SQL per mode); the staging's COPY writer
+(StagingWriter) is the shared one of :mod:`airflow_eos.staging`. This
+module's sink runs each step's transaction and delegates to those.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
@@ -81,10 +81,10 @@ from airflow_eos.targets.postgres.names import (
     parse_table_name,
     quoted_if_needed,
     table_identifier,
+    table_target_id,
 )
 
-# psycopg is imported by the functions that use it: a DAG file builds a
-# PostgresTarget (a PostgresSink) at parse time, and parsing must not load it.
+# psycopg is imported by the functions that use it, where a window runs.
 if TYPE_CHECKING:
     import psycopg
     from psycopg import sql
@@ -98,28 +98,33 @@ def _in_transaction(connection: contextlib.AbstractContextManager) -> Iterator[p
         yield conn
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True)
 class PostgresSink(Sink):
-    """The sink of a PostgreSQL table: its fields are the table's settings
-    (see :class:`~airflow_eos.targets.postgres.target.PostgresTarget`, which
-    extends it with what a DAG names and validates them), bound to the
-    database URL."""
+    """The runtime sink of a bound
+    :class:`~airflow_eos.targets.postgres.target.PostgresTarget` (which
+    validates the table's settings, its fields here), bound to the database
+    URL."""
 
-    url: str | None = None
-    table: str = ""
+    url: str = field(repr=False)
+    table: str
     mode: str = "replace_window"
     key: tuple[str, ...] = ()
     on_committed: str = "skip"
     columns: tuple[str, ...] | None = None
+    # The bound PostgresTarget that built this sink (not imported here: target.py
+    # imports this module): the stage job ships it to its Spark tasks
+    # (to_dict), which build the sink again from it.
+    spec: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.spec is None:
+            raise ConfigurationError(f"{self!r} was not built by PostgresTarget.sink(): it has no spec to ship to "
+                                     "the stage job's tasks")
+        return self.spec.to_dict()
 
     @property
     def label(self) -> str:
         return self.table
-
-    def _url(self) -> str:
-        if not self.url:
-            raise ConfigurationError(f"{self!r} has no database URL: resolve postgres_conn_id with with_url()")
-        return self.url
 
     @property
     def replaces_committed(self) -> bool:
@@ -127,14 +132,8 @@ class PostgresSink(Sink):
 
     @property
     def target_id(self) -> str:
-        """The table's identity for the pipeline's claim in the ledger:
-        ``postgresql:schema.table``, normalised so that ``analytics.orders`` and
-        ``"analytics".ORDERS`` are one target. A part is double-quoted only where
-        PostgreSQL would need it (``postgresql:"My Schema".orders``). A name
-        without a schema is taken to be in ``public``, where PostgreSQL's default
-        search_path puts it. The database needs no naming: the ledger lives in it."""
-        schema, table = parse_table_name(self.table)
-        return f"{ID_SCHEME}:" + ".".join(quoted_if_needed(part) for part in (schema or "public", table))
+        """``postgresql:schema.table`` (see :func:`~airflow_eos.targets.postgres.names.table_target_id`)."""
+        return table_target_id(self.table)
 
     def claim_identity(self) -> str:
         """The table the name resolves to in the target database, as
@@ -160,7 +159,7 @@ class PostgresSink(Sink):
 
     @property
     def ledger(self) -> Ledger:  # type: ignore[override]
-        return Ledger(self._url())
+        return Ledger(self.url)
 
     @property
     def _target(self) -> sql.Identifier:
@@ -169,7 +168,7 @@ class PostgresSink(Sink):
     @contextlib.contextmanager
     def _connection(self, purpose: str, hint: str = "") -> Iterator[psycopg.Connection]:
         import psycopg
-        conn = connect(self._url(), purpose)
+        conn = connect(self.url, purpose)
         try:
             yield conn
         except psycopg.OperationalError as exc:
@@ -208,7 +207,7 @@ class PostgresSink(Sink):
     def staging_writer(self, attempt: Attempt, columns: Sequence[str]) -> StagingWriter:
         """The writer of ``columns`` of the attempt's staging, without asking the
         database (the stage job's write tasks know the columns)."""
-        return StagingWriter(self._url(), attempt.staging, tuple(columns), self.table)
+        return StagingWriter(self.url, attempt.staging, tuple(columns), self.table)
 
     def not_null_columns(self, columns: Sequence[str]) -> list[str]:
         """Those of ``columns`` that are NOT NULL in the target table (the stage
@@ -216,7 +215,7 @@ class PostgresSink(Sink):
         from psycopg import sql
         schema, table = parse_table_name(self.table)
         ident = sql.Identifier(table) if schema is None else sql.Identifier(schema, table)
-        with connect(self._url(), f"describe {self.table}") as conn:
+        with connect(self.url, f"describe {self.table}") as conn:
             rows = conn.execute(
                 "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
                 " AND NOT attisdropped AND attnotnull", (ident.as_string(conn),),

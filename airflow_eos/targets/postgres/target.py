@@ -1,8 +1,9 @@
 """PostgresTarget: what a DAG names of a PostgreSQL table as a
-two-phase-commit target, the serialisable spec (core/target.py). It extends
-its runtime part, :class:`~airflow_eos.targets.postgres.sink.PostgresSink`
-(whose docstring tells a window's life through it): bound to its database URL,
-a PostgresTarget is its own sink (``sink()`` returns it).
+two-phase-commit target, the serialisable spec (core/target.py): plain values,
+cheap to import (no psycopg). Bound to its database URL (by the hook, from
+``postgres_conn_id``, or given ``url`` outside Airflow), it builds its runtime
+part, :class:`~airflow_eos.targets.postgres.sink.PostgresSink` (whose docstring
+tells a window's life through it).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
@@ -27,8 +28,11 @@ from airflow_eos.targets.postgres.names import (
     PARTITION_PER_WINDOW,
     SEALED_TRIGGER,
     parse_table_name,
+    table_target_id,
 )
-from airflow_eos.targets.postgres.sink import PostgresSink
+
+if TYPE_CHECKING:
+    from airflow_eos.targets.postgres.sink import PostgresSink
 
 # Importable from here as before the package was split (other modules, tests, bench).
 __all__ = [
@@ -39,15 +43,14 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class PostgresTarget(PostgresSink, TargetSpec):
-    """A PostgreSQL table as a two-phase-commit target.
+class PostgresTarget(TargetSpec):
+    """A PostgreSQL table as a two-phase-commit target (see
+    :mod:`airflow_eos.targets.postgres.sink`): each window is published in one
+    transaction with the pipeline's offsets.
 
-    The spec extends its sink (:class:`~airflow_eos.targets.postgres.sink.PostgresSink`):
-    bound to its database URL (by the hook, from ``postgres_conn_id``, or
-    given ``url`` outside Airflow), a PostgresTarget is its own sink
-    (``sink()`` returns it).
-
-    - ``url``: the target database, which also holds the ledger (schema ``eos``).
+    - ``url``: the target database, which also holds the ledger (schema
+      ``eos``), outside Airflow (tests, scripts); a DAG names the connection
+      instead (``postgres_conn_id``), which the operators resolve (``bind``).
     - ``table``: ``table`` or ``schema.table`` (see parse_table_name). It must
       exist; the sink never creates or alters it.
     - ``mode``: ``replace_window`` (rows carry the window in ``eos_pipeline`` and
@@ -66,11 +69,15 @@ class PostgresTarget(PostgresSink, TargetSpec):
     - ``columns``: the columns the job writes; default every column except the
       window columns and generated ones. Name them when the table has columns
       the job leaves to their defaults.
+    - ``postgres_conn_id``: the Airflow connection of the target database.
     """
 
-    # url, table, mode, key, on_committed, columns: the fields of PostgresSink.
-    # In a DAG the target names an Airflow connection instead of a URL; the
-    # operators resolve it (with_url) where the connection can be read.
+    url: str | None = None
+    table: str = ""
+    mode: str = "replace_window"
+    key: tuple[str, ...] = ()
+    on_committed: str = "skip"
+    columns: tuple[str, ...] | None = None
     postgres_conn_id: str = DEFAULT_CONN_IDS[POSTGRES]
 
     kind: ClassVar[str] = "postgres"
@@ -109,6 +116,11 @@ class PostgresTarget(PostgresSink, TargetSpec):
     def with_url(self, url: str) -> "PostgresTarget":
         return dataclasses.replace(self, url=url)
 
+    def _url(self) -> str:
+        if not self.url:
+            raise ConfigurationError(f"{self!r} has no database URL: resolve postgres_conn_id with with_url()")
+        return self.url
+
     # ------------------------------------------------------------------ the spec (core/target.py)
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,13 +143,23 @@ class PostgresTarget(PostgresSink, TargetSpec):
     def bind(self, values: Mapping[str, Any]) -> "PostgresTarget":
         return self if self.url else self.with_url(values["ledger"])
 
-    def sink(self) -> "PostgresTarget":
-        self._url()
-        return self
+    def sink(self) -> "PostgresSink":
+        from airflow_eos.targets.postgres.sink import PostgresSink
+        return PostgresSink(url=self._url(), table=self.table, mode=self.mode, key=self.key,
+                            on_committed=self.on_committed, columns=self.columns, spec=self)
 
     @property
     def ledger_conn_id(self) -> str:
         return self.postgres_conn_id
+
+    @property
+    def target_id(self) -> str:
+        """``postgresql:schema.table``, normalised (see :func:`~airflow_eos.targets.postgres.names.table_target_id`)."""
+        return table_target_id(self.table)
+
+    @property
+    def label(self) -> str:
+        return self.table
 
     @property
     def asset_uri(self) -> str:
