@@ -11,6 +11,7 @@ In the order of a window's life::
     TargetIdentity   target_id, claim_identity     which target a pipeline's claim names
     Stager           begin                         stage: a new attempt (fencing older ones) and its staging
     TaskWriting      writer, staging_writer        the stage job's write tasks (rows through Arrow)
+    RefusingWriter   refusal, refused_values       a write task's writer, when its target refuses rows
     SparkWriting     spark_output, staged_chunks   the stage job's own Parquet writer (files)
     Checkpointer     checkpoint, seal              the job commit: what the attempt consumed and staged
     Preparer         prepare, count_staged         await_checkpoint: the barrier
@@ -26,7 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, Checkpoint, ConsumedRange, Readiness, StagedChunk
@@ -34,6 +35,9 @@ from airflow_eos.core.commit import Committer
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import Window
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +158,39 @@ class TaskWriting(ABC):
         """Those of ``columns`` the target refuses a null in: the stage job
         makes a row with a null there a dead letter. None by default."""
         return []
+
+
+class RowRefusal(Protocol):
+    """The target refused one row of a chunk the writer was sending."""
+
+    message: str  # the target's words, with where it says (for the dead letter's error)
+    column: str | None  # the staged column whose value it refused, when it names one
+
+    def row(self, table: "pa.Table") -> int | None:
+        """The refused row's index in ``table`` (the staged columns of what the
+        refused write sent, or of more rows that begin with it); None if it
+        cannot be told."""
+
+
+class RefusingWriter(Protocol):
+    """What the stage job asks the staging writer (:meth:`TaskWriting.staging_writer`)
+    whose write failed: the job's write tasks (:mod:`airflow_eos.spark.stager`)
+    turn a row the target refuses into a dead letter, or into a clear error
+    when the target refuses a whole column, without knowing which target it
+    is; the writer alone can read its own target's refusals (a PostgreSQL
+    COPY's SQLSTATE, line and column, say). A writer that never refuses a
+    single row need not implement this."""
+
+    def refusal(self, error: Exception) -> RowRefusal | None:
+        """The row the target refused, if ``error`` (raised by the writer's
+        ``write``) is a refusal of one of its values; None for any other
+        failure, which the job lets fail the task."""
+
+    def refused_values(self, column: str,
+                       values: "pa.Array | pa.ChunkedArray") -> tuple[str, list[tuple[int, str, str]]]:
+        """Which of ``values`` (one staged column) the target's type of that
+        column cannot take, asked at once: the type's name and, for each
+        refused value in row order, its row, its text and the target's error."""
 
 
 class SparkWriting:

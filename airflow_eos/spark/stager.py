@@ -7,7 +7,7 @@ Spark's Python workers is :mod:`airflow_eos.spark.staging_source`.
 
 When the target refuses a chunk, the task asks the writer which row and column
 it refused (the writer reads its own target's refusals: see
-:mod:`airflow_eos.core.refusal`). A refusal on a column costs one more question,
+:class:`airflow_eos.core.roles.RefusingWriter`). A refusal on a column costs one more question,
 which of the chunk's values of that column the target's type cannot take: those
 rows are dead-lettered and the rest staged (_refuse_column); a refusal that
 names no column is isolated row by row (_isolate_rows). A column refused for
@@ -26,7 +26,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from airflow_eos.core.attempt import Attempt, StagedChunk
 from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.errors import EosError, TargetError
-from airflow_eos.core.refusal import RowRefusal
+from airflow_eos.core.roles import RowRefusal
 from airflow_eos.spark.kafka_ranges import read_records
 from airflow_eos.spark.stage_settings import StageSettings
 
@@ -68,7 +68,7 @@ class TaskStager:
         target, attempt = settings.target, settings.attempt
         # The sink's staging writer for exactly the layout's columns, built
         # here: no round trip per task. When the target refuses rows, it
-        # answers the questions of core.refusal.RefusingWriter.
+        # answers the questions of core.roles.RefusingWriter.
         self.writer = target.staging_writer(attempt, self.layout.staged)
         self.input = batches
         self.exhausted = False

@@ -12,7 +12,7 @@ never published. psycopg and pyarrow are imported inside the functions.
 A value a staged column's type cannot take fails the whole COPY; the writer
 reads which row and column the server refused (:meth:`StagingWriter.refusal`)
 and which values of a column it refuses (:meth:`StagingWriter.refused_values`),
-the questions of :class:`~airflow_eos.core.refusal.RefusingWriter`, so that the
+the questions of :class:`~airflow_eos.core.roles.RefusingWriter`, so that the
 stage job can dead-letter those rows without knowing PostgreSQL's diagnostics.
 """
 
