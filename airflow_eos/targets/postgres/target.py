@@ -59,7 +59,7 @@ class PostgresTarget(TargetSpec):
       columns are filled if the table has them) or ``partition_per_window``
       (the table is ``PARTITION BY RANGE (eos_window_start)`` and each window's
       staging is attached as its partition: no rows are copied at commit, see
-      the module's docstring; unique indexes must include eos_window_start, as
+      :mod:`airflow_eos.targets.postgres.sink`; unique indexes must include eos_window_start, as
       PostgreSQL requires of a partitioned table).
     - ``on_committed``: what committing a window that is already committed does:
       ``skip`` (nothing; reported) or ``replace`` (the window's published rows are
