@@ -2,9 +2,10 @@
 ``sink2`` (``SinkWriter``, ``CommittingSinkWriter``, ``Committer``): the
 contract of each is in its docstring, and every method that generic code
 (the steps, the Spark job, verify, the sweep) calls on a sink is declared on
-one of them. :class:`~airflow_eos.core.sink.Sink` is all of them together; the
-committer role, whose hooks the commit protocol calls, is
-:class:`airflow_eos.core.commit.Committer`.
+one of them. :class:`~airflow_eos.core.sink.Sink` is all of them together but
+:class:`RefusingWriter` (and its :class:`RowRefusal`), the role of the staging
+writer a sink gives the write tasks; the committer role, whose hooks the
+commit protocol calls, is :class:`airflow_eos.core.commit.Committer`.
 
 In the order of a window's life::
 
