@@ -250,7 +250,7 @@ class Checkpointer(ABC):
 class Preparer(ABC):
     """The barrier (await_checkpoint): the attempt is prepared once its
     checkpoint covers the plan and its staging holds exactly what the
-    checkpoint counted (core/attempt.py: ``prepare``)."""
+    checkpoint counted (core/attempt/prepare.py)."""
 
     ledger: Ledger
 
