@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
@@ -226,7 +227,8 @@ class KafkaLog:
         from confluent_kafka import TopicPartition as KafkaTopicPartition
         consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset)])
         try:
-            idle_polls = restarts = 0
+            idle_polls = 0
+            restart_until = time.monotonic() + self.timeout
             while True:
                 msg = consumer.poll(self.timeout / 10)
                 if msg is None:
@@ -244,10 +246,12 @@ class KafkaLog:
                         yield None, msg.offset()
                         return
                     error = kafka_error(err, str(tp), offset=offset if offset >= 0 else None)
-                    if isinstance(error, OffsetsExpired) and offset == OFFSET_BEGINNING and restarts < 10:
+                    if isinstance(error, OffsetsExpired) and offset == OFFSET_BEGINNING \
+                            and time.monotonic() < restart_until:
                         # Retention moved the log start between Kafka's answer to "where does the log
                         # begin" and the fetch there: the beginning moved, nothing planned was lost.
-                        restarts += 1
+                        # Read again from the new beginning, within the read's time bound: retention
+                        # deleting faster than a fetch's round trip may move it again each time.
                         consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset)])
                         continue
                     if error is not None:
