@@ -16,7 +16,6 @@ import os
 import random
 import shutil
 import tempfile
-import uuid
 
 # tests/harness imports as `harness` here (pytest's `pythonpath`); the children a
 # test starts do not get pytest's sys.path: spark-submit given --transform
@@ -38,11 +37,11 @@ os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(os.path.dirname
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/airflow.db"
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
-import psycopg  # noqa: E402
 import pytest  # noqa: E402
 
 from airflow_eos.embedded import kafka_service, postgres_service  # noqa: E402
 from harness import workers  # noqa: E402
+from harness.databases import empty_database  # noqa: E402
 from harness.topics import TopicFactory  # noqa: E402
 from harness.tally import TALLY  # noqa: E402
 
@@ -102,13 +101,8 @@ def pg_server():
 @pytest.fixture
 def pg_url(pg_server):
     """A fresh, empty database on the session's server; dropped afterwards."""
-    name = f"eos_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.address, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = pg_server.address.rpartition("/")
-    yield f"{base}/{name}"
-    with psycopg.connect(pg_server.address, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with empty_database(pg_server.address) as url:
+        yield url
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from airflow_eos.embedded import KafkaBroker
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 from airflow_eos.verify import verify
 from harness import chaos
-from harness.concurrency import blocked_on_locks
+from harness.concurrency import at_once, blocked_on_locks
 from harness.chaos import Harness, check, plan_step, published_lineage, staged_and_prepared
 from harness.chaos.cases import new_pipeline, scratch_database
 
@@ -35,27 +35,6 @@ from harness.chaos.cases import new_pipeline, scratch_database
 CELLS = [("postgres", "replace_window"), ("postgres", PARTITION_PER_WINDOW), ("files", "replace_window"),
          ("kafka", "replace_window")]
 CELL_IDS = ["postgres-replace_window", "postgres-partition_per_window", "files", "kafka"]
-
-
-def at_once(calls) -> list[tuple[object, BaseException | None]]:
-    """Run ``calls`` in threads released by one barrier; (result, error) each."""
-    barrier = threading.Barrier(len(calls))
-    results: list = [None] * len(calls)
-
-    def one(n, fn):
-        barrier.wait()
-        try:
-            results[n] = (fn(), None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            results[n] = (None, exc)
-
-    threads = [threading.Thread(target=one, args=(n, fn), daemon=True) for n, fn in enumerate(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a racing call did not finish"
-    return results
 
 
 # --------------------------------------------------------------------------- commits of different windows at once

@@ -1,6 +1,6 @@
-"""Two things the race tests need: a call running in a thread of its own,
-and a wait until some of a database's sessions are blocked on a lock (the
-moment a race is set up)."""
+"""What the race tests need: a call running in a thread of its own, calls
+released together in threads of their own, and a wait until some of a
+database's sessions are blocked on a lock (the moment a race is set up)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,19 @@ class Background(threading.Thread):
         self.join(timeout)
         assert not self.is_alive(), "background call did not finish"
         return self.result, self.error
+
+
+def at_once(calls, timeout: float = 120) -> list[tuple[object, BaseException | None]]:
+    """Each of ``calls`` in a thread of its own, all released by one barrier:
+    (result, exception) of each, in order."""
+    barrier = threading.Barrier(len(calls))
+
+    def released(fn):
+        barrier.wait()
+        return fn()
+
+    running = [Background(released, fn) for fn in calls]
+    return [call.outcome(timeout) for call in running]
 
 
 def blocked_on_locks(url: str, count: int = 1, *, application: str | None = None,

@@ -1,10 +1,10 @@
 """The ledger's schema is created and upgraded by the code, safely in parallel."""
 
-import threading
 from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from harness.concurrency import at_once
 
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS
@@ -12,23 +12,7 @@ from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS
 
 def test_migrations_are_idempotent_and_safe_under_concurrent_callers(pg_url):
     ledger = Ledger(pg_url)
-    barrier = threading.Barrier(8)
-    results, errors = [], []
-
-    def migrate():
-        barrier.wait()
-        try:
-            results.append(ledger.migrate())
-        except Exception as exc:  # noqa: BLE001 - collected and asserted below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=migrate) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    assert results == [LATEST_VERSION] * 8
+    assert at_once([ledger.migrate] * 8) == [(LATEST_VERSION, None)] * 8  # each call's (result, error)
     assert ledger.migrate() == LATEST_VERSION
     with psycopg.connect(pg_url) as conn:
         versions = [v for (v,) in conn.execute("SELECT version FROM eos.schema_version ORDER BY version")]

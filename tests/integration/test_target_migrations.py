@@ -6,11 +6,10 @@ applied once, under the migration lock, and recorded per kind."""
 
 from __future__ import annotations
 
-import threading
-import uuid
-
 import psycopg
 import pytest
+from harness.concurrency import at_once
+from harness.databases import empty_database
 
 import airflow_eos.core.ledger as ledger_module
 import airflow_eos.core.schema as schema
@@ -22,13 +21,8 @@ from airflow_eos.core.migrations import LATEST_VERSION, MIGRATIONS, TargetMigrat
 @pytest.fixture
 def other_url(pg_server):
     """A second fresh database on the session's server."""
-    name = f"eos_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.address, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = pg_server.address.rpartition("/")
-    yield f"{base}/{name}"
-    with psycopg.connect(pg_server.address, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with empty_database(pg_server.address) as url:
+        yield url
 
 
 def migrate_as_before_tracks(url: str, monkeypatch, upto: int = LATEST_VERSION) -> None:
@@ -78,13 +72,7 @@ def test_a_new_ledger_gets_the_schema_the_core_list_alone_gave(pg_url, other_url
 def test_a_ledger_at_the_latest_core_version_migrates_without_change(pg_url, monkeypatch):
     migrate_as_before_tracks(pg_url, monkeypatch)
     before = catalog(pg_url)
-    results = []
-    threads = [threading.Thread(target=lambda: results.append(Ledger(pg_url).migrate())) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert results == [LATEST_VERSION] * 4
+    assert at_once([lambda: Ledger(pg_url).migrate()] * 4) == [(LATEST_VERSION, None)] * 4
     assert catalog(pg_url) == before  # the same versions, applied when they were
 
 
@@ -102,22 +90,7 @@ def test_a_kinds_own_steps_are_applied_once_under_concurrent_callers(pg_url, mon
     steps = [TargetMigration(1, "CREATE TABLE eos.probe_things (thing text PRIMARY KEY)")]
     monkeypatch.setattr(schema, "target_migrations", lambda: {**registered, "probe": tuple(steps)})
     ledger = Ledger(pg_url)
-    barrier = threading.Barrier(8)
-    results, errors = [], []
-
-    def migrate():
-        barrier.wait()
-        try:
-            results.append(ledger.migrate())
-        except Exception as exc:  # noqa: BLE001 - collected and asserted below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=migrate) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == [] and results == [LATEST_VERSION] * 8
+    assert at_once([ledger.migrate] * 8) == [(LATEST_VERSION, None)] * 8  # each call's (result, error)
 
     steps.append(TargetMigration(2, "ALTER TABLE eos.probe_things ADD COLUMN seen integer"))
     assert ledger.migrate() == ledger.migrate() == LATEST_VERSION
