@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -252,37 +253,63 @@ class KafkaCommit(KafkaIntents):
         stop at the first failed delivery; flush once at ``midpoint`` (the
         fault point ``commit.mid_produce``). Returns the records sent.
 
-        The rows come through a binary server-side cursor with the lineage
-        already as the header's bytes (``convert_to`` in the query): bytea
-        columns arrive as bytes, nothing is converted per row in Python."""
-        from psycopg import sql
-        fixed = self._window_headers(attempt, token)
+        The rows come through a binary server-side cursor, a batch of rows
+        per fetch, with the lineage already as the header's bytes
+        (``convert_to`` in the query): bytea columns arrive as bytes. The
+        loop is the commit's hot path (one pass per record): the headers a
+        source partition's records share are built once per partition, and
+        ``produce`` is called here, leaving :meth:`_send` to the rare record
+        that finds the queue full or fails."""
+        from confluent_kafka import KafkaException
         key_at = 0 if self.key_column else None
         value_at = 1 if self.key_column else 0
         header_names = list(enumerate(self.header_columns, value_at + 1))
-        h_topic, h_partition, h_offset = client.H_TOPIC, client.H_PARTITION, client.H_OFFSET
+        h_offset, topic, produce = client.H_OFFSET, self.topic, producer.produce
+        shared, source = [], None  # the headers of the current source partition's records, and that partition
+        produced = 0
+        with self._staged_rows(conn, attempt, chunks) as cur:
+            while rows := cur.fetchmany(FETCH_ROWS):
+                for row in rows:
+                    if (row[-3], row[-2]) != source:
+                        source = (row[-3], row[-2])
+                        shared = self._source_headers(attempt, token, *source)
+                    headers = [*shared, (h_offset, row[-1])]
+                    if header_names:
+                        headers += [(name, row[i]) for i, name in header_names if row[i] is not None]
+                    key = row[key_at] if key_at is not None else None
+                    try:
+                        produce(topic, value=row[value_at], key=key, headers=headers)
+                    except BufferError:
+                        self._send(producer, key, row[value_at], headers, row[-3:])
+                    except KafkaException as exc:
+                        raise self._refused(exc, key, row[value_at], row[-3:]) from exc
+                    produced += 1
+                    if failures:
+                        return produced
+                    if produced == midpoint:
+                        producer.flush(client.TIMEOUT)
+                        fault_point("commit.mid_produce")
+        return produced
+
+    @contextmanager
+    def _staged_rows(self, conn: psycopg.Connection, attempt: Attempt, chunks: list[int]):
+        """A binary server-side cursor over the checkpointed chunks' rows in
+        source order: the record columns, then the lineage as UTF-8 bytes."""
+        from psycopg import sql
         rows_table, _ = staging_ids(attempt.staging)
         lineage = [sql.SQL("convert_to({}::text, 'UTF8')").format(sql.Identifier(c)) for c in LINEAGE_COLUMNS]
-        produced = 0
         with conn.cursor(name=f"eos_kafka_{attempt.epoch}", binary=True) as cur:
-            cur.itersize = FETCH_ROWS
             cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s) ORDER BY eos_topic, eos_partition,"
                                 " eos_offset").format(
                 sql.SQL(", ").join([*map(sql.Identifier, self.record_columns), *lineage]),
                 rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,))
-            for row in cur:
-                topic, partition, offset = row[-3:]
-                headers = [*fixed, (h_topic, topic), (h_partition, partition), (h_offset, offset)]
-                headers += [(name, row[i]) for i, name in header_names if row[i] is not None]
-                key = row[key_at] if key_at is not None else None
-                self._send(producer, key, row[value_at], headers, row[-3:])
-                produced += 1
-                if failures:
-                    break
-                if produced == midpoint:
-                    producer.flush(client.TIMEOUT)
-                    fault_point("commit.mid_produce")
-        return produced
+            yield cur
+
+    @classmethod
+    def _source_headers(cls, attempt: Attempt, token: int, topic: bytes, partition: bytes) -> list[tuple[str, bytes]]:
+        """The headers every record from one source partition carries: the
+        window's, then the source topic and partition (the offset follows)."""
+        return [*cls._window_headers(attempt, token), (client.H_TOPIC, topic), (client.H_PARTITION, partition)]
 
     def _check_delivered(self, conn: psycopg.Connection, producer, failures: list[tuple], attempt: Attempt,
                          chunks: list[int]) -> None:
@@ -343,7 +370,8 @@ class KafkaCommit(KafkaIntents):
         return named
 
     def _send(self, producer, key, value, headers, lineage: tuple[bytes, bytes, bytes]) -> None:
-        from confluent_kafka import KafkaError, KafkaException
+        """Produce one record, waiting for room in the producer's queue."""
+        from confluent_kafka import KafkaException
         while True:
             try:
                 producer.produce(self.topic, value=value, key=key, headers=headers)
@@ -351,17 +379,21 @@ class KafkaCommit(KafkaIntents):
             except BufferError:
                 producer.poll(0.05)
             except KafkaException as exc:
-                source = "source record {}[{}]@{}".format(*(b.decode() for b in lineage))
-                error = exc.args[0]
-                size = len(value or b"") + len(key or b"")
-                if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    raise TargetError(f"cannot publish into topic {self.topic}: the record of {source} is too large "
-                                      f"({size} bytes of key and value, beyond the producer's message.max.bytes); "
-                                      "nothing of the window is published (its transaction is aborted): raise "
-                                      "message.max.bytes in producer_config and the topic's max.message.bytes, "
-                                      "or make the record smaller") from exc
-                raise TargetError(f"cannot publish the record of {source} into topic {self.topic}: "
-                                  f"{error.str()}") from exc
+                raise self._refused(exc, key, value, lineage) from exc
+
+    def _refused(self, exc, key, value, lineage: tuple[bytes, bytes, bytes]) -> TargetError:
+        """The error of a record ``produce`` refused, naming its source record."""
+        from confluent_kafka import KafkaError
+        source = "source record {}[{}]@{}".format(*(b.decode() for b in lineage))
+        error = exc.args[0]
+        size = len(value or b"") + len(key or b"")
+        if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            return TargetError(f"cannot publish into topic {self.topic}: the record of {source} is too large "
+                               f"({size} bytes of key and value, beyond the producer's message.max.bytes); "
+                               "nothing of the window is published (its transaction is aborted): raise "
+                               "message.max.bytes in producer_config and the topic's max.message.bytes, "
+                               "or make the record smaller")
+        return TargetError(f"cannot publish the record of {source} into topic {self.topic}: {error.str()}")
 
     def _abort_transaction(self, producer, attempt: Attempt, token: int) -> None:
         """Abort the transaction; once Kafka confirmed it, its intent is
