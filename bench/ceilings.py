@@ -45,8 +45,8 @@ def _raw_worker(bootstrap: str, ranges: list[tuple[str, int, int, int]], out) ->
     from confluent_kafka import Consumer, KafkaError
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+    from airflow_eos.core.kafka_client import READER_KAFKA_DEFAULTS
     from airflow_eos.core.source import consumer_config
-    from airflow_eos.spark.kafka_source import READER_KAFKA_DEFAULTS
 
     started, cpu_started = time.perf_counter(), time.process_time()
     consumer = Consumer(consumer_config({**READER_KAFKA_DEFAULTS, "bootstrap.servers": bootstrap}))

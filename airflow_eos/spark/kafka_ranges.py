@@ -38,6 +38,7 @@ from airflow_eos.core.errors import (
     OffsetsExpired,
     SourceUnavailable,
 )
+from airflow_eos.core.kafka_client import READER_KAFKA_DEFAULTS
 from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.windows import PartitionRange, WindowPlan
 from airflow_eos.spark.kafka_batches import (
@@ -65,19 +66,6 @@ DEFAULT_END_GRACE_S = 2.0
 DEFAULT_POLL_TIMEOUT_S = 60.0
 PROGRESS_EVERY_S = 10.0
 
-# Throughput settings for bulk reads; a user's kafka.* options override them.
-# (The safety settings of consumer_config override both.)
-READER_KAFKA_DEFAULTS = {
-    # When its prefetch queue is full, librdkafka pauses fetching for
-    # fetch.queue.backoff.ms (default 1000): a reader that drains the queue in
-    # 0.1 s then idles. Measured on Tansu, a Kafka-protocol broker: ~200k -> ~850k records/s
-    # per consumer.
-    "fetch.queue.backoff.ms": 10,
-    "fetch.wait.max.ms": 10,
-    "max.partition.fetch.bytes": 8 * 1024 * 1024,
-    "fetch.max.bytes": 64 * 1024 * 1024,
-    "receive.message.max.bytes": 65 * 1024 * 1024,
-}
 # Dead letters' records are read back by offset (read_records): offsets closer
 # than this are read in one pass (~175k records/s here), farther ones seek.
 READ_BACK_GAP = 10_000

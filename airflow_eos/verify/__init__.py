@@ -65,6 +65,8 @@ from airflow_eos.verify.report import (
     WindowAudit,
 )
 
+AUDIT_WORK_MEM = "256MB"
+
 
 def verify(ledger: Ledger, kafka: PartitionLog | Mapping[str, Any], target: TargetSpec | Sink | str, pipeline: str,
            *, count_column: str | None = None, max_examples: int = 20, timeout: float = 10.0,
@@ -92,6 +94,9 @@ def verify(ledger: Ledger, kafka: PartitionLog | Mapping[str, Any], target: Targ
         # One snapshot for ledger and target: a commit running meanwhile is seen wholly or not at all.
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         try:
+            # The audit's joins hash a million Kafka records against as many rows:
+            # with the default work_mem (4 MB) they spill to disk in batches.
+            conn.execute(f"SET LOCAL work_mem = '{AUDIT_WORK_MEM}'")
             audit = _Audit(conn, ledger, pipeline, label, sink, count_column, max_examples, max_timestamp_skew)
             audit.load()
             audit.read_kafka(kafka, timeout)

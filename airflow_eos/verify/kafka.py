@@ -5,7 +5,10 @@ a partition is held at its last committed end cut (see core.plan)."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
+import operator
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -13,14 +16,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import LogTruncated, OffsetsExpired, SourceUnavailable, UnknownTopic
 from airflow_eos.core.skew import held_behind, records_after
-from airflow_eos.core.kafka_client import consumer_config, reader
+from airflow_eos.core.kafka_client import READER_KAFKA_DEFAULTS, consumer_config, reader
 from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog
 from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
 from airflow_eos.verify.report import HELD, SOURCE, Violation, _at, _Window
@@ -71,7 +74,7 @@ def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
                                    [[rec.offset for rec in log_.records(r.tp, r.start_offset, r.end_offset)]])
                         for batch in batches:
                             if batch:
-                                copy.write("".join(f"{prefix}{o}\n" for o in batch))
+                                copy.write(prefix + f"\n{prefix}".join(map(str, batch)) + "\n")
                                 count += len(batch)
                     except (OffsetsExpired, LogTruncated, UnknownTopic) as exc:
                         read.unreadable.add(w.start)
@@ -126,15 +129,15 @@ def _held(log_: PartitionLog, bounds: dict[TopicPartition, Bounds], windows: Map
 
 
 class _KafkaRecords:
-    """Offsets of the records present in planned ranges, with batched fetches.
-    The end of a partition is where a fetch reports it, never the reported
-    high watermark (see core.source)."""
+    """Offsets of the records present in planned ranges, with batched fetches
+    and the reader's throughput settings. The end of a partition is where a
+    fetch reports it, never the reported high watermark (see core.source)."""
 
     BATCH = 10_000
 
     def __init__(self, kafka_config: Mapping[str, Any], timeout: float):
         self.timeout = timeout
-        self.config = consumer_config(dict(kafka_config))
+        self.config = consumer_config({**READER_KAFKA_DEFAULTS, **kafka_config})
         self._consumer = reader(self.config, "Kafka consumer")
 
     def close(self) -> None:
@@ -159,36 +162,60 @@ class _KafkaRecords:
                                                 f"reading {r.tp} at offset {last + 1} within {self.timeout}s")
                     continue
                 answered = time.monotonic()
-                batch: list[int] = []
-                for msg in messages:
-                    err = msg.error()
-                    if err is not None:
-                        code = err.code()
-                        if code == KafkaError._PARTITION_EOF:
-                            if msg.offset() < r.end_offset:
-                                raise LogTruncated(f"the log ends at offset {msg.offset()} (the topic was recreated "
-                                                   "or lost data)")
-                            yield batch
-                            return
-                        error = kafka_error(err, str(r.tp), offset=last + 1)
-                        if error is not None:
-                            raise error
-                        continue
-                    offset = msg.offset()
-                    # skip what a fetch of an earlier assignment may still deliver
-                    if msg.topic() != r.topic or msg.partition() != r.partition or offset <= last:
-                        continue
-                    if offset >= r.end_offset:
-                        yield batch
-                        return
-                    batch.append(offset)
-                    last = offset
-                    if offset == r.end_offset - 1:
-                        yield batch
-                        return
+                batch, done = _in_order(messages, r, last)
+                if batch is None:
+                    batch, done = _one_by_one(messages, r, last)
+                if batch:
+                    last = batch[-1]
                 yield batch
+                if done:
+                    return
         finally:
             consumer.unassign()
+
+
+def _in_order(messages: list[Message], r: PartitionRange, last: int) -> tuple[list[int] | None, bool]:
+    """The common batch, without a Python step per record: no error, every
+    message of the range's partition, offsets increasing. Its offsets after
+    ``last`` and before the range's end, and whether the range is read to its
+    end; (None, False) for any other batch (see _one_by_one)."""
+    if any(map(Message.error, messages)) or any(p != r.partition for p in set(map(Message.partition, messages))) \
+            or any(t != r.topic for t in set(map(Message.topic, messages))):
+        return None, False
+    offsets = list(map(Message.offset, messages))
+    if not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
+        return None, False
+    start, stop = bisect.bisect_right(offsets, last), bisect.bisect_left(offsets, r.end_offset)
+    batch = offsets[start:stop]
+    return batch, stop < len(offsets) or (bool(batch) and batch[-1] == r.end_offset - 1)
+
+
+def _one_by_one(messages: list[Message], r: PartitionRange, last: int) -> tuple[list[int], bool]:
+    """A batch with an error or end of partition, or with messages of an
+    earlier assignment: each message looked at in turn."""
+    batch: list[int] = []
+    for msg in messages:
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                if msg.offset() < r.end_offset:
+                    raise LogTruncated(f"the log ends at offset {msg.offset()} (the topic was recreated or lost data)")
+                return batch, True
+            error = kafka_error(err, str(r.tp), offset=last + 1)
+            if error is not None:
+                raise error
+            continue
+        offset = msg.offset()
+        # skip what a fetch of an earlier assignment may still deliver
+        if msg.topic() != r.topic or msg.partition() != r.partition or offset <= last:
+            continue
+        if offset >= r.end_offset:
+            return batch, True
+        batch.append(offset)
+        last = offset
+        if offset == r.end_offset - 1:
+            return batch, True
+    return batch, False
 
 
 def _check_bounds(r: PartitionRange, bounds: Bounds) -> None:
