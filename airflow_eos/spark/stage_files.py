@@ -108,17 +108,9 @@ def _write_and_checkpoint(spark: "SparkSession", rows: "DataFrame", layout: Layo
     into the output, then the checkpoint; returns when (``perf_counter``) the
     writes ended and the checkpoint began. A failure aborts the attempt and
     raises StageFailed (see _write_failed)."""
-    from pyspark.sql import functions as F
-
     persisted = None
     try:
-        data, dead_count = rows, 0
-        if layout.error is not None:
-            persisted = rows.persist()  # read Kafka and transform once, for the count and both writes
-            dead_count = _count_dead_letters(persisted, layout, attempt, max_bad_records)
-            data = persisted.filter(F.col(layout.error).isNull())
-        data = data.select(*[_column(c) for c in layout.staged])
-        data.write.mode("append").parquet(output.data)
+        persisted, dead_count = _write_rows(rows, layout, attempt, target, output, max_bad_records)
         # The rows are in the staging, the dead letters and the checkpoint not yet
         # (the same point as a write task's half-staged rows for the other sinks).
         fault_point("stage.mid_write")
@@ -134,6 +126,66 @@ def _write_and_checkpoint(spark: "SparkSession", rows: "DataFrame", layout: Layo
         if persisted is not None:
             persisted.unpersist()
     return written
+
+
+def _write_rows(rows: "DataFrame", layout: Layout, attempt: Attempt, target: Sink, output: SparkOutput,
+                max_bad_records: int) -> tuple["DataFrame | None", int]:
+    """Write the good rows into ``output.data``; returns the persisted output
+    (to unpersist, None if not persisted) and its dead letters' count.
+
+    A transform that marks no dead letter in this window (the common case)
+    costs one Spark job: the rows are written while the dead letters are
+    counted beside the write (an Observation), as Spark's own write of the
+    rows would. If it marked any, what that job wrote is deleted and the
+    output is persisted, so that the dead letters counted (TooManyBadRecords
+    before anything is written), the good rows and the dead letters all come
+    from one read of Kafka and one run of the transform. Persisting every
+    window instead doubled the JVM's work for the write: 3.4-3.6 core-seconds
+    against 1.6 for 1M rows."""
+    from pyspark.sql import functions as F
+
+    if layout.error is None:
+        rows.select(*[_column(c) for c in layout.staged]).write.mode("append").parquet(output.data)
+        return None, 0
+    if _written_without_dead_letters(rows, layout, output):
+        return None, 0
+    cleared = target.clear_writes(attempt)
+    log.info("%s: the transform marked dead letters: deleted the %d file(s) just written; writing again from its "
+             "persisted output", attempt, cleared)
+    persisted = rows.persist()  # read Kafka and transform once, for the count and both writes
+    try:
+        dead_count = _count_dead_letters(persisted, layout, attempt, max_bad_records)
+        persisted.filter(F.col(layout.error).isNull()).select(*[_column(c) for c in layout.staged]) \
+            .write.mode("append").parquet(output.data)
+    except BaseException:
+        persisted.unpersist()
+        raise
+    return persisted, dead_count
+
+
+def _written_without_dead_letters(rows: "DataFrame", layout: Layout, output: SparkOutput) -> bool:
+    """Write the good rows in one job, counting the rows marked as dead
+    letters meanwhile; True if there were none (the write is then final)."""
+    from pyspark.sql import functions as F
+
+    observation = _observation(rows, "eos_dead_letters")
+    marked = F.count(F.when(F.col(layout.error).isNotNull(), 1)).alias("dead")
+    rows.observe(observation, marked).filter(F.col(layout.error).isNull()) \
+        .select(*[_column(c) for c in layout.staged]).write.mode("append").parquet(output.data)
+    return observation.get["dead"] == 0
+
+
+def _observation(rows: "DataFrame", name: str):
+    """An Observation of the kind ``rows`` takes: Spark Connect's for a Connect
+    DataFrame, the classic one otherwise (whichever session this process made
+    first, pyspark.sql.Observation picks by the process's mode)."""
+    if type(rows).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect.observation import Observation
+        return Observation(name)
+    from pyspark.sql.observation import Observation
+    observation = object.__new__(Observation)
+    observation.__init__(name)
+    return observation
 
 
 def _write_failed(spark: "SparkSession", exc: Exception, target: Sink, attempt: Attempt, run: str,
