@@ -112,7 +112,7 @@ class KafkaCommit(KafkaIntents):
         token = client.new_token(attempt.epoch)
         self._open_intent(attempt, token, checkpoint.row_count, transaction.partitions)
         produced = self._produce(conn, transaction.producer, transaction.failures, attempt, token,
-                                 [c.chunk for c in checkpoint.chunks], transaction.ends)
+                                 [c.chunk for c in checkpoint.chunks], transaction.ends, checkpoint.row_count)
         fault_point("commit.after_kafka_commit")
         dead = self._record_kafka_commit(conn, attempt, token, produced)
         return Published(checkpoint.row_count, dead)
@@ -211,12 +211,14 @@ class KafkaCommit(KafkaIntents):
         return producer
 
     def _produce(self, conn: psycopg.Connection, producer, failures: list[tuple], attempt: Attempt, token: int,
-                 chunks: list[int], ends: Mapping[TopicPartition, int]) -> int:
-        """One Kafka transaction: every checkpointed staged row as a record,
-        then the marker offsets; commit. Returns the records produced.
+                 chunks: list[int], ends: Mapping[TopicPartition, int], rows: int | None) -> int:
+        """One Kafka transaction: every checkpointed staged row (``rows``, as
+        the checkpoint counted them and the commit's check found them) as a
+        record, then the marker offsets; commit. Returns the records produced.
         Aborts the transaction (and raises) on any error."""
-        rows_table, _ = staging_ids(attempt.staging)
-        midpoint = max(1, self._count_rows(conn, rows_table, chunks) // 2)
+        if rows is None:  # a checkpoint without a row count: count them
+            rows = self._count_rows(conn, staging_ids(attempt.staging)[0], chunks)
+        midpoint = max(1, rows // 2)
         producer.begin_transaction()
         try:
             fault_point("commit.before_publish")
