@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
@@ -97,11 +96,12 @@ class IcebergCommit(IcebergStaging):
         paths = self.data_paths(attempt, self.load_manifest(conn, attempt))
         older = self._older_paths(conn, attempt)
         token = tables.commit_token(attempt.staging, decided_at)
+        base = self._intent(attempt, token)
         for tries in range(1, COMMIT_TRIES + 1):
             from pyiceberg.exceptions import CommitFailedException
 
             table = tables.without_commit_retries(self.table())
-            found = tables.find_commit(table, token, decided_at, paths)
+            found = tables.find_commit(table, token, base, paths)
             if found is not None:
                 log.info("%s: %s holds its commit already (%s %s)", attempt, self.label, found.how,
                          found.snapshot_id or "")
@@ -117,6 +117,23 @@ class IcebergCommit(IcebergStaging):
             return how
         raise TargetError(f"{attempt}: {COMMIT_TRIES} commits into {self.label} lost to concurrent writers; the "
                           "window is decided, not yet published: a retry, the next commit or the sweep publishes it")
+
+    def _intent(self, attempt: Attempt, token: str) -> int | None:
+        """The table's snapshot when the window's publication first began
+        (None: it had none), recorded once, durably, before any commit of the
+        window: every commit of it is a descendant (table.find_commit)."""
+        key = (attempt.pipeline, attempt.window_start, attempt.epoch)
+        query = "SELECT base_snapshot FROM eos.iceberg_intents WHERE pipeline = %s AND window_start = %s AND epoch = %s"
+        with self.ledger.connect() as conn, conn.transaction():
+            row = conn.execute(query, key).fetchone()
+        if row is not None:
+            return row[0]
+        base = tables.current_snapshot_id(self.table())
+        with self.ledger.connect() as conn, conn.transaction():
+            conn.execute("INSERT INTO eos.iceberg_intents (pipeline, window_start, epoch, target, token, base_snapshot)"
+                         " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                         (*key, self.target_ids[0], token, base))
+            return conn.execute(query, key).fetchone()[0]
 
     def _older_paths(self, conn: psycopg.Connection, attempt: Attempt) -> list[str]:
         """The data files of the window's other decided attempts: what a
@@ -159,17 +176,17 @@ class IcebergCommit(IcebergStaging):
     def after_publication(self, attempt: Attempt, how: str) -> None:
         """Delete what no snapshot names: the dead letters (in the ledger now)
         and files the manifest left out; a superseded attempt's whole folder
-        if the table's whole history since its decision shows it never had its
-        commit (else its files stay: an older snapshot may name them, and
-        Iceberg's own expiry and orphan-file removal are theirs)."""
+        if it never began publishing, or the table's history since its intent
+        shows it never had its commit (else its files stay: an older snapshot
+        may name them; Iceberg's own expiry and orphan-file removal are theirs)."""
         url = self.attempt_url(attempt)
         with self.ledger.connect() as conn, conn.transaction():
             manifest = self.load_manifest(conn, attempt)
-            decided_at: datetime | None = (conn.execute(
-                "SELECT decided_at FROM eos.publications WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-                (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone() or (None,))[0]
-        if how == SUPERSEDED_HOW and decided_at is not None:
-            found, whole = tables.in_history(self.table(), tables.commit_token(attempt.staging, decided_at), decided_at)
+            intent = conn.execute(
+                "SELECT token, base_snapshot FROM eos.iceberg_intents WHERE pipeline = %s AND window_start = %s"
+                " AND epoch = %s", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
+        if how == SUPERSEDED_HOW:
+            found, whole = (None, True) if intent is None else tables.in_history(self.table(), *intent)
             if found is None and whole:  # never in the table: no snapshot, old or current, names its files
                 self.store.delete_tree(url)
                 return

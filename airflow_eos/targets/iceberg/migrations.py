@@ -35,4 +35,27 @@ MIGRATIONS: tuple[TargetMigration, ...] = (
         );
         """,
     ),
+    TargetMigration(
+        2,
+        """
+        -- A window's commit intent: the table's current snapshot when its
+        -- publication first began (null: the table had none), written on a
+        -- connection of its own before the table's commit. Whether a commit
+        -- that died reached the table is read from the table: its token in the
+        -- current snapshot's ancestry back to this snapshot; if this snapshot
+        -- expired since, the window's files in the current snapshot
+        -- (targets/iceberg/table.py). No foreign key: written while the
+        -- publication holds the window's rows.
+        CREATE TABLE eos.iceberg_intents (
+            pipeline       text        NOT NULL,
+            window_start   timestamptz NOT NULL,
+            epoch          integer     NOT NULL,
+            target         text        NOT NULL,
+            token          text        NOT NULL,
+            base_snapshot  bigint,
+            created_at     timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (pipeline, window_start, epoch)
+        );
+        """,
+    ),
 )

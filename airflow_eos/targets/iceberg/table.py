@@ -4,10 +4,11 @@ A window's commit is one snapshot whose summary carries the pipeline, the
 window, the epoch and a commit token (:func:`commit_token`). Whether a
 decided window reached the table is read back from the table alone
 (:func:`find_commit`): as Iceberg's Flink committer finds its checkpoint id,
-by walking the current snapshot's ancestry for the token; but where the
-ancestry is cut short before the decision (the user expired snapshots), by
-the window's data files in the current snapshot, which expiry never removes
-from it.
+by walking the current snapshot's ancestry for the token, back to the snapshot
+that was current when the window's publication began (its intent, in the
+ledger); but where the ancestry is cut short before it (the user expired
+snapshots), by the window's data files in the current snapshot, which expiry
+never removes from it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core.errors import ConfigurationError, TargetError
@@ -33,10 +34,6 @@ CATALOG_SCHEMA = "eos_iceberg"  # where the SQL catalog in the ledger's database
 # The summary keys of a window's snapshot.
 PIPELINE, WINDOW_START, WINDOW_END, EPOCH, TOKEN = ("eos.pipeline", "eos.window-start", "eos.window-end",
                                                      "eos.epoch", "eos.commit-token")
-# How far before its decision a window's snapshot may be stamped (the writer's clock against the ledger's):
-# an ancestry reaching a snapshot older than the decision by this much has shown every snapshot the commit
-# could be.
-CLOCK_SKEW = timedelta(minutes=10)
 
 _catalogs: dict[tuple[str, str], Catalog] = {}
 _lock = threading.Lock()
@@ -128,41 +125,44 @@ class Found:
     snapshot_id: int | None
 
 
-def find_commit(table: Table, token: str, decided_at: datetime, paths: Iterable[str]) -> Found | None:
+def find_commit(table: Table, token: str, base: int | None, paths: Iterable[str]) -> Found | None:
     """The window's commit in the table, or None if it is not there.
 
-    The current snapshot's ancestry is walked back to a snapshot older than
-    the decision (less :data:`CLOCK_SKEW`): our commit, made after the
-    decision, is one of the snapshots seen. If the ancestry ends before that
-    (older snapshots expired), the window's ``paths`` are looked for among
-    the current snapshot's data files instead: an expired snapshot's files
-    stay in every later snapshot until a delete or a replace removes them."""
-    found, whole = in_history(table, token, decided_at)
+    The current snapshot's ancestry is walked back to ``base``, the table's
+    snapshot when the window's publication began (its intent): our commit,
+    made after it, is one of the snapshots seen. If the ancestry ends before
+    ``base`` (expired since; or no base: the table was empty), the window's
+    ``paths`` are looked for among the current snapshot's data files
+    instead: an expired snapshot's files stay in every later snapshot until a
+    delete or a replace removes them."""
+    found, whole = in_history(table, token, base)
     if found is not None or whole:
         return found
-    log.info("the history of %s before %s has expired: looking for the window's files in its current snapshot",
-             table.name(), decided_at.isoformat())
+    log.info("the history of %s back to snapshot %s is gone: looking for the window's files in its current snapshot",
+             table.name(), base)
     return Found("files", None) if live_data_files(table, paths) else None
 
 
-def in_history(table: Table, token: str, decided_at: datetime) -> tuple[Found | None, bool]:
-    """(the snapshot of the token in the current snapshot's ancestry, or
-    None; whether that ancestry reaches back before the decision, so that a
-    None is the whole truth)."""
+def in_history(table: Table, token: str, base: int | None) -> tuple[Found | None, bool]:
+    """(the snapshot of the token in the current snapshot's ancestry back to
+    ``base``, or None; whether that ancestry reached ``base``, so that a None
+    is the whole truth). No clock is compared: snapshots are found by id."""
     from pyiceberg.table.snapshots import ancestors_of
 
     current = table.current_snapshot()
     if current is None:
-        return None, not table.metadata.snapshots  # an empty history, or one whose branch was reset
-    before = (decided_at - CLOCK_SKEW).timestamp() * 1000
-    last = current
+        return None, base is None
     for snapshot in ancestors_of(current, table.metadata):
         if snapshot.summary is not None and snapshot.summary[TOKEN] == token:
             return Found("snapshot", snapshot.snapshot_id), True
-        if snapshot.timestamp_ms < before:
+        if snapshot.snapshot_id == base:
             return None, True
-        last = snapshot
-    return None, last.parent_snapshot_id is None  # no parent: the table's first snapshot came after the decision
+    return None, False
+
+
+def current_snapshot_id(table: Table) -> int | None:
+    current = table.current_snapshot()
+    return None if current is None else current.snapshot_id
 
 
 def live_data_files(table: Table, paths: Iterable[str]) -> list[DataFile]:
