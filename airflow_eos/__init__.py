@@ -1,13 +1,15 @@
 """airflow-eos: exactly-once batch windows over Kafka for Apache Airflow.
 
-    from airflow_eos import exactly_once_window, KafkaSource, PostgresTarget, FileTarget, KafkaTarget
+    from airflow_eos import exactly_once_window, KafkaSource, PostgresTarget, FileTarget, KafkaTarget, IcebergTarget
 
 The protocol lives in :mod:`airflow_eos.core` (no Airflow imports); the Airflow
 operators, sensors and triggers are thin shells over it. The public names are
 imported on first use: every Airflow process imports this package through the
 provider entry point (provider_info), and Spark workers import it too, so
 importing it loads neither Airflow nor psycopg, pyarrow or confluent_kafka
-(tests/unit/test_imports.py checks the module sets).
+(tests/unit/test_imports.py checks the module sets). The spec class of every
+target kind the package ships (core/registry.py's ``BUILTIN_KINDS``) is a
+public name.
 """
 
 from __future__ import annotations
@@ -15,24 +17,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from airflow_eos.core.registry import BUILTIN_KINDS
+
 if TYPE_CHECKING:
     from airflow_eos.targets.files import FileTarget
+    from airflow_eos.targets.iceberg import IcebergTarget
     from airflow_eos.targets.kafka import KafkaTarget
     from airflow_eos.targets.postgres.target import PostgresTarget
     from airflow_eos.core.source import KafkaSource
     from airflow_eos.window import exactly_once_window
 
 __version__ = "0.1.0"
-__all__ = ["FileTarget", "KafkaSource", "KafkaTarget", "PostgresTarget", "exactly_once_window"]
 
-# public name -> the module that defines it
+# public name -> the module that defines it: the source, the task group, and each target kind's spec class
 _PUBLIC = {
-    "FileTarget": "airflow_eos.targets.files",
     "KafkaSource": "airflow_eos.core.source",
-    "KafkaTarget": "airflow_eos.targets.kafka",
-    "PostgresTarget": "airflow_eos.targets.postgres.target",
     "exactly_once_window": "airflow_eos.window",
+    **{where.partition(":")[2]: where.partition(":")[0] for where in BUILTIN_KINDS.values()},
 }
+# The names for static tools (the imports above, for type checkers, are the same); _PUBLIC serves them.
+__all__ = ["FileTarget", "IcebergTarget", "KafkaSource", "KafkaTarget", "PostgresTarget", "exactly_once_window"]
 
 
 def __getattr__(name: str):

@@ -22,6 +22,7 @@ BUILTIN_KINDS = {
     "postgres": "airflow_eos.targets.postgres:PostgresTarget",
     "files": "airflow_eos.targets.files:FileTarget",
     "kafka": "airflow_eos.targets.kafka:KafkaTarget",
+    "iceberg": "airflow_eos.targets.iceberg:IcebergTarget",
 }
 ENTRY_POINT_GROUP = "airflow_eos.targets"
 

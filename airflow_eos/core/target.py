@@ -48,6 +48,9 @@ LEGACY_KIND = "postgres"
 # The connection types the hook layer knows how to resolve, and into what.
 POSTGRES = "postgres"  # -> a libpq URL (the ledger always lives in a PostgreSQL database)
 KAFKA = "kafka"  # -> a librdkafka configuration dict
+# -> the connection's own fields, for a target that reads them itself (a catalog's
+# properties): {"conn_type", "host", "port", "login", "password", "schema", "extra": {...}}
+CONNECTION = "connection"
 SPARK = "spark"  # the stage job's (spark-submit or Spark Connect); resolved by the Spark provider
 # The connection each kind of connection argument defaults to, declared once.
 DEFAULT_CONN_IDS = {POSTGRES: "postgres_default", KAFKA: "kafka_default", SPARK: "spark_default"}

@@ -32,7 +32,16 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.plan import DEFAULT_MAX_TIMESTAMP_SKEW, ON_SKEWED_FAIL, PlanRequest
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.source import KafkaLog
-from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA, POSTGRES, ConnectionRef, TargetSpec, as_spec, with_kind
+from airflow_eos.core.target import (
+    CONNECTION,
+    DEFAULT_CONN_IDS,
+    KAFKA,
+    POSTGRES,
+    ConnectionRef,
+    TargetSpec,
+    as_spec,
+    with_kind,
+)
 from airflow_eos.core.windows import Window, WindowPlan
 
 log = logging.getLogger(__name__)
@@ -109,8 +118,12 @@ def connection_value(ref: ConnectionRef) -> Any:
         return EosPostgresHook(postgres_conn_id=ref.conn_id).ledger_url
     if ref.conn_type == KAFKA:
         return EosKafkaHook(kafka_config_id=ref.conn_id).kafka_config
+    if ref.conn_type == CONNECTION:
+        conn = BaseHook.get_connection(ref.conn_id)
+        return {"conn_type": conn.conn_type, "host": conn.host, "port": conn.port, "login": conn.login,
+                "password": conn.password, "schema": conn.schema, "extra": conn.extra_dejson}
     raise ConfigurationError(f"connection {ref.conn_id!r} ({ref.role}) has type {ref.conn_type!r}, which airflow-eos "
-                             f"cannot resolve (it knows {POSTGRES!r} and {KAFKA!r})")
+                             f"cannot resolve (it knows {POSTGRES!r}, {KAFKA!r} and {CONNECTION!r})")
 
 
 def resolve_target(target: TargetSpec | Mapping[str, Any]) -> Sink:

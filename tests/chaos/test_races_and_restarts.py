@@ -33,8 +33,8 @@ from harness.chaos.cases import new_pipeline, scratch_database
 
 # (target, PostgreSQL mode) cells: every target, PostgreSQL in each mode.
 CELLS = [("postgres", "replace_window"), ("postgres", PARTITION_PER_WINDOW), ("files", "replace_window"),
-         ("kafka", "replace_window")]
-CELL_IDS = ["postgres-replace_window", "postgres-partition_per_window", "files", "kafka"]
+         ("kafka", "replace_window"), ("iceberg", "replace_window")]
+CELL_IDS = ["postgres-replace_window", "postgres-partition_per_window", "files", "kafka", "iceberg"]
 
 
 # --------------------------------------------------------------------------- commits of different windows at once

@@ -119,5 +119,17 @@ class KafkaContract(ContractTarget):
         })
 
 
+class IcebergContract(ContractTarget):
+    kind = "iceberg"
+    commit_points = frozenset({"commit.before_publish", "commit.after_decision", "commit.after_publish"})
+    decided_points = frozenset({"commit.after_decision", "commit.after_publish"})  # the ledger decided
+
+    def spec(self, services: Services, on_committed: str = "skip") -> TargetSpec:
+        from harness.iceberg import create_table
+        from airflow_eos.targets.iceberg import IcebergTarget
+        create_table(services.pg_url, "contract.orders", services.tmp_path / "warehouse")
+        return IcebergTarget(table="contract.orders", ledger_url=services.pg_url, on_committed=on_committed)
+
+
 CONTRACT_TARGETS: dict[str, ContractTarget] = {c.kind: c for c in (PostgresContract(), FilesContract(),
-                                                                      KafkaContract())}
+                                                                      KafkaContract(), IcebergContract())}

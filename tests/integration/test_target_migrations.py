@@ -39,6 +39,16 @@ def migrate_as_before_tracks(url: str, monkeypatch, upto: int = LATEST_VERSION) 
         assert Ledger(url).migrate() == upto
 
 
+def only_steps_shipped_as_core_versions(monkeypatch) -> None:
+    """The registered kinds' steps that shipped as core versions, without the
+    kinds' own later steps (the Iceberg target's catalog tables): what the two
+    ways of migrating must agree on; the kinds' own steps are a second stage,
+    tested by test_every_kinds_own_steps_follow_the_core_and_are_recorded."""
+    registered = schema.target_migrations()
+    shipped = {kind: tuple(s for s in steps if s.shipped_as is not None) for kind, steps in registered.items()}
+    monkeypatch.setattr(schema, "target_migrations", lambda: {k: v for k, v in shipped.items() if v})
+
+
 def catalog(url: str) -> dict[str, list[tuple]]:
     """What schema ``eos`` holds: columns, constraints, indexes, functions, and
     the version rows (with when each was applied)."""
@@ -62,6 +72,7 @@ def without_times(snapshot: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
 
 def test_a_new_ledger_gets_the_schema_the_core_list_alone_gave(pg_url, other_url, monkeypatch):
     migrate_as_before_tracks(other_url, monkeypatch)
+    only_steps_shipped_as_core_versions(monkeypatch)
     assert Ledger(pg_url).migrate() == LATEST_VERSION
     new = catalog(pg_url)
     assert without_times(new) == without_times(catalog(other_url))
@@ -71,6 +82,7 @@ def test_a_new_ledger_gets_the_schema_the_core_list_alone_gave(pg_url, other_url
 
 def test_a_ledger_at_the_latest_core_version_migrates_without_change(pg_url, monkeypatch):
     migrate_as_before_tracks(pg_url, monkeypatch)
+    only_steps_shipped_as_core_versions(monkeypatch)
     before = catalog(pg_url)
     assert at_once([lambda: Ledger(pg_url).migrate()] * 4) == [(LATEST_VERSION, None)] * 4
     assert catalog(pg_url) == before  # the same versions, applied when they were
@@ -95,8 +107,8 @@ def test_a_kinds_own_steps_are_applied_once_under_concurrent_callers(pg_url, mon
     steps.append(TargetMigration(2, "ALTER TABLE eos.probe_things ADD COLUMN seen integer"))
     assert ledger.migrate() == ledger.migrate() == LATEST_VERSION
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT kind, version FROM eos.target_schema_version ORDER BY version").fetchall() == [
-            ("probe", 1), ("probe", 2)]
+        assert conn.execute("SELECT kind, version FROM eos.target_schema_version WHERE kind = 'probe'"
+                            " ORDER BY version").fetchall() == [("probe", 1), ("probe", 2)]
         assert conn.execute("SELECT max(version) FROM eos.schema_version").fetchone()[0] == LATEST_VERSION
         conn.execute("INSERT INTO eos.probe_things VALUES ('a', 1)")  # both steps in place
         conn.execute("INSERT INTO eos.target_schema_version (kind, version) VALUES ('probe', 3)")  # a newer release's
@@ -104,3 +116,17 @@ def test_a_kinds_own_steps_are_applied_once_under_concurrent_callers(pg_url, mon
     with pytest.raises(LedgerUnavailable, match="target kind 'probe' are at version 3, newer than this airflow-eos "
                                                 "knows \\(2\\); upgrade airflow-eos"):
         ledger.migrate()
+
+
+def test_every_kinds_own_steps_follow_the_core_and_are_recorded(pg_url, monkeypatch):
+    """A ledger the core's list migrated gets each kind's own steps (those
+    that never shipped as core versions) on its next migrate, once, recorded
+    per kind; a new ledger gets the same."""
+    migrate_as_before_tracks(pg_url, monkeypatch)
+    own = {kind: max(s.version for s in steps) for kind, steps in schema.target_migrations().items()
+           if any(s.shipped_as is None for s in steps)}
+    assert own  # the Iceberg target's catalog tables and intents
+    assert at_once([lambda: Ledger(pg_url).migrate()] * 4) == [(LATEST_VERSION, None)] * 4
+    with psycopg.connect(pg_url) as conn:
+        recorded = dict(conn.execute("SELECT kind, max(version) FROM eos.target_schema_version GROUP BY kind"))
+    assert recorded == own

@@ -5,18 +5,18 @@ by whoever comes next). A mixin of :class:`~airflow_eos.targets.files.sink.FileS
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import commit as protocol
 from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
-from airflow_eos.core.commit import ALREADY_COMMITTED, SKIPPED, CommitOutcome, CommitResult, Published, Settlement
+from airflow_eos.core.commit import CommitResult, Published, Settlement
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
+from airflow_eos.core.publication import COMPLETE, DECIDED, PUBLISHED_STATE, SUPERSEDED, SUPERSEDED_HOW  # noqa: F401
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files import fs
 from airflow_eos.targets.files.fields import FileSinkFields
@@ -29,16 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMMIT_FORMAT = "airflow-eos/files/1"
-# publication states (eos.publications, migration 7)
-DECIDED = "decided"
-PUBLISHED_STATE = "published"
-SUPERSEDED = "superseded"
 
-# How the files of a decided window reached their place (FileSink.publish).
+# How the files of a decided window reached their place (FileSink.publish; COMPLETE and
+# SUPERSEDED_HOW are core/publication.py's).
 RENAMED = "renamed"  # the staging became the partition directory
 EXCHANGED = "exchanged"  # the staging was swapped with the window's older partition (replace)
-COMPLETE = "complete"  # the partition already held this attempt: nothing to do
-SUPERSEDED_HOW = "superseded"  # another attempt committed the window since: this one is never published
 
 
 class FileCommit(FileSinkFields):
@@ -48,19 +43,12 @@ class FileCommit(FileSinkFields):
     # ------------------------------------------------------------------ commit
 
     staging_in_ledger = False  # a directory: deleted after the transaction that ends its attempt
+    fresh_publications = frozenset({RENAMED, EXCHANGED})
 
     def decide(self, attempt: Attempt) -> CommitResult:
         """The decision alone (the core's :func:`~airflow_eos.core.commit.decide`):
         what a commit task that dies right after it leaves behind."""
         return protocol.decide(self, attempt)
-
-    @contextlib.contextmanager
-    def decision_transaction(self, attempt: Attempt) -> Iterator[psycopg.Connection]:
-        """The ledger transaction of the decision, durable: the rename follows
-        it, so the decision must outlive a crash."""
-        with self.ledger_transaction(f"commit {attempt}") as conn:
-            self.ledger.durable_commit(conn)
-            yield conn
 
     def commit_problems(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
         """Every manifest file must be in the staging with its size and rows."""
@@ -90,42 +78,16 @@ class FileCommit(FileSinkFields):
             for record in dead:
                 copy.write_row((attempt.pipeline, attempt.window_start, attempt.epoch, *record))
         schema = next((f.schema for f in self._sealed_data(attempt, manifest)), None)
-        conn.execute(
-            "INSERT INTO eos.publications (pipeline, window_start, epoch, target, location, schema, replaces)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (attempt.pipeline, attempt.window_start, attempt.epoch, self.target_id, self.partition_path(attempt),
-             schema, replacing.committed_epoch if replacing is not None else None))
+        self.record_decision(conn, attempt, self.partition_path(attempt), schema,
+                             replacing.committed_epoch if replacing is not None else None)
         return Published(checkpoint.row_count, len(dead), replaced)
 
     def discard(self, attempt: Attempt, conn: psycopg.Connection | None = None) -> None:
         """Delete the attempt's staging directory (after its attempt ended in the ledger)."""
         self._remove_staging(attempt)
 
-    def after_decision(self, attempt: Attempt, outcome: CommitOutcome) -> str:
-        """The publication (:meth:`publish`), then any other decided
-        publication of this root (a commit that died between its decision and
-        its rename). A retry after a crash anywhere: the destination complete →
-        nothing to do, the staging complete → rename, neither → a loud error
-        naming both.
-
-        SKIPPED: the attempt that committed the window may be decided and not
-        yet published (its commit died after the decision): a clear's commit
-        is a later commit of the pipeline, and finishes it; if it cannot, this
-        commit fails too (a skipped commit must not report success for a
-        window readers do not see)."""
-        if outcome == SKIPPED:
-            self.finish_pending()
-            self.require_published(attempt.window)
-            return ""
-        if outcome != ALREADY_COMMITTED:
-            log.info("%s: decided (committed in the ledger with its offsets); publishing %s", attempt,
-                     self.partition_dir(attempt))
-        fault_point("commit.after_decision")
-        how = self.publish(attempt)
-        if outcome == ALREADY_COMMITTED and how in (RENAMED, EXCHANGED):
-            log.info("%s: committed before; this call finished its publication (%s)", attempt, how)
-        self.finish_pending()
-        return f" ({how}, {self.partition_dir(attempt)})"
+    def publication_place(self, attempt: Attempt) -> str:
+        return self.partition_dir(attempt)
 
     def _check_destination(self, attempt: Attempt, replacing: bool) -> None:
         """Before the decision: the window's partition directory must be free
@@ -161,44 +123,17 @@ class FileCommit(FileSinkFields):
 
     # ------------------------------------------------------------------ publish (idempotent)
 
-    def publish(self, attempt: Attempt) -> str:
-        """Step 2 of :meth:`commit`: move a decided attempt's files into place,
-        idempotently, holding the window's row lock (a replace deciding
-        meanwhile waits, so two publications of one window never race).
-        Returns how (RENAMED, EXCHANGED, COMPLETE, SUPERSEDED_HOW)."""
-        with self.ledger.connect() as conn, conn.transaction():
-            window = conn.execute(
-                "SELECT committed_epoch FROM eos.windows WHERE pipeline = %s AND window_start = %s FOR UPDATE",
-                (attempt.pipeline, attempt.window_start)).fetchone()
-            publication = conn.execute(
-                "SELECT state, location FROM eos.publications WHERE pipeline = %s AND window_start = %s"
-                " AND epoch = %s FOR UPDATE", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()
-            if window is None or publication is None:
-                raise TargetError(f"{attempt} was never decided (no publication in the ledger): nothing to publish")
-            state, location = publication
-            if state == PUBLISHED_STATE:
-                how = COMPLETE
-            elif state == SUPERSEDED or window[0] != attempt.epoch:
-                how = SUPERSEDED_HOW
-                self._set_publication(conn, attempt, SUPERSEDED)
-            else:
-                doc = self._commit_document(conn, attempt, location)
-                how = self._move_into_place(attempt, location, doc)
-                self._set_publication(conn, attempt, PUBLISHED_STATE)
-        if how == SUPERSEDED_HOW:
-            log.info("%s: the window was committed by a newer attempt since; this one is never published", attempt)
-        elif how == COMPLETE:
-            log.info("%s: %s holds it already; nothing to do", attempt, os.path.join(self.root, location))
+    def publish_decided(self, conn: psycopg.Connection, attempt: Attempt, location: str) -> str:
+        """Move a decided attempt's files into place (core/publication.py's
+        ``publish`` holds the window's row lock): RENAMED or EXCHANGED, or
+        COMPLETE when the partition holds it already."""
+        return self._move_into_place(attempt, location, self._commit_document(conn, attempt, location))
+
+    def after_publication(self, attempt: Attempt, how: str) -> None:
+        """The replaced version to the trash, the staging deleted, expired trash deleted."""
         self.retire_old_version(attempt)
         self._remove_staging(attempt)
         self.delete_expired_trash()
-        return how
-
-    @staticmethod
-    def _set_publication(conn: psycopg.Connection, attempt: Attempt, state: str) -> None:
-        conn.execute("UPDATE eos.publications SET state = %s, published_at = CASE WHEN %s = 'published' THEN now()"
-                     " END WHERE pipeline = %s AND window_start = %s AND epoch = %s",
-                     (state, state, attempt.pipeline, attempt.window_start, attempt.epoch))
 
     def _commit_document(self, conn: psycopg.Connection, attempt: Attempt, location: str) -> dict[str, Any]:
         manifest = [m for m in self._load_manifest(conn, attempt) if m.kind == "data"]

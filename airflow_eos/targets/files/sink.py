@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow_eos.core.ledger import Ledger
+from airflow_eos.core.publication import PublishedAfterDecision
 from airflow_eos.core.sink import Sink
 from airflow_eos.targets.files.abort import FileAbort
 from airflow_eos.targets.files.commit import (
@@ -44,7 +45,6 @@ from airflow_eos.targets.files.commit import (
     SUPERSEDED_HOW,
     FileCommit,
 )
-from airflow_eos.targets.files.finish import FileFinish
 from airflow_eos.targets.files.identity import root_aliases, root_id
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION
 from airflow_eos.targets.files.published import LINEAGE_COLUMNS, FilePublished
@@ -55,14 +55,14 @@ __all__ = ["COMMIT_FORMAT", "COMPLETE", "DECIDED", "EXCHANGED", "LINEAGE_COLUMNS
 
 
 @dataclass(frozen=True)
-class FileSink(FileStaging, FileCommit, FileFinish, FileAbort, FilePublished, Sink):
+class FileSink(FileStaging, FileCommit, FileAbort, FilePublished, PublishedAfterDecision, Sink):
     """The runtime sink of a bound :class:`~airflow_eos.targets.files.FileTarget`.
 
     Its parts, one module each: :mod:`~airflow_eos.targets.files.staging`
     (where things are, begin, the writers, seal, prepare),
     :mod:`~airflow_eos.targets.files.commit` (the decision and the
-    publication), :mod:`~airflow_eos.targets.files.finish` (finishing decided
-    publications), :mod:`~airflow_eos.targets.files.abort` (abort, teardown,
+    publication; :mod:`airflow_eos.core.publication` publishes after the
+    decision and finishes decided publications), :mod:`~airflow_eos.targets.files.abort` (abort, teardown,
     sweep), :mod:`~airflow_eos.targets.files.published` (what verify reads).
     """
 

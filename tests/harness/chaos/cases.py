@@ -35,13 +35,21 @@ def new_pipeline(url: str, source: dict, name: str, *, on_committed: str = "skip
     """A Pipeline with a target of its own, its ledger in the database at
     ``url``: ``target="postgres"``, a table there (for ``mode``);
     ``target="files"``, a new directory ``root`` (under the test's tmp dir);
-    ``target="kafka"``, a new topic on the source's cluster."""
+    ``target="kafka"``, a new topic on the source's cluster; ``target="iceberg"``,
+    a new table in the ledger's SQL catalog, located under ``root``."""
     name = chaos.slug(name)[:40] + "_" + uuid.uuid4().hex[:6]
     table = ""
     target_topic = None
     if target == "kafka":
         target_topic = f"chaos-out-{name}"
         chaos.create_topic(source["kafka_config"]["bootstrap.servers"], target_topic, PARTITIONS)
+    elif target == "iceberg":
+        from harness.chaos.source import _OUT_SCHEMA
+        from harness.iceberg import create_table
+        if root is None:
+            raise ValueError("an Iceberg target's pipeline needs root=<a directory under the test's tmp dir>")
+        table = f"chaos.{name}"
+        create_table(url, table, root / "warehouse", _OUT_SCHEMA)
     elif target == "files":
         if root is None:
             raise ValueError("a file target's pipeline needs root=<a directory under the test's tmp dir>")

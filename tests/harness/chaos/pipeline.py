@@ -24,6 +24,7 @@ from airflow_eos.core.target import TargetSpec
 from airflow_eos.core.windows import TopicPartition, Window, WindowPlan
 from airflow_eos.spark import kafka_ranges
 from airflow_eos.targets.files import FileTarget
+from airflow_eos.targets.iceberg import IcebergTarget
 from airflow_eos.targets.kafka import KafkaTarget
 from airflow_eos.targets.postgres.target import PostgresTarget
 from harness.chaos.source import HOUR, T0, transform_batch
@@ -59,19 +60,22 @@ assert set(POINT_STEPS) == POINTS, "a fault point was added: say where it fires"
 # (the points of a two-phase commit without transactions are the file
 # target's; a commit inside one transaction is PostgreSQL's; the Kafka target
 # runs a Kafka transaction inside its ledger transaction: it has PostgreSQL's
-# points and two of its own).
-TARGETS = ("postgres", "files", "kafka")
+# points and two of its own; the Iceberg target's commit is a two-phase commit
+# too: the ledger decides, then the table's commit, ``commit.after_publish``
+# firing once the snapshot landed and before the ledger marks it published).
+TARGETS = ("postgres", "files", "kafka", "iceberg")
 _FILE_POINTS = frozenset({"commit.after_decision", "commit.after_rename"})
 _KAFKA_POINTS = frozenset({"commit.mid_produce", "commit.after_kafka_commit"})
 TARGET_POINTS: dict[str, frozenset[str]] = {
     "postgres": POINTS - _FILE_POINTS - _KAFKA_POINTS,
     "files": POINTS - {"commit.after_publish"} - _KAFKA_POINTS,
     "kafka": POINTS - _FILE_POINTS,
+    "iceberg": POINTS - {"commit.after_rename"} - _KAFKA_POINTS,
 }
 # What clearing a committed window can do on each target: a topic is
 # append-only, so the Kafka target only skips (it refuses "replace").
 ON_COMMITTED: dict[str, tuple[str, ...]] = {"postgres": ("skip", "replace"), "files": ("skip", "replace"),
-                                           "kafka": ("skip",)}
+                                           "kafka": ("skip",), "iceberg": ("skip", "replace")}
 assert set().union(*TARGET_POINTS.values()) == POINTS, "a fault point was added: say which targets reach it"
 ACTIONS = ("raise", "crash")
 RECOVERIES = ("retry", "clear", "rerun_later", "backfill")
@@ -89,7 +93,8 @@ class Pipeline:
     the ledger's database, in ``mode``) or a directory of Parquet partitions
     (``"files"``: ``root``, with the ledger at ``url``) or a Kafka topic
     (``"kafka"``: ``target_topic`` on the source's cluster, its staging and
-    ledger at ``url``). The steps, the stage
+    ledger at ``url``) or an Iceberg table (``"iceberg"``: ``table`` in the SQL
+    catalog in the ledger's database, located under ``root``). The steps, the stage
     job's stand-in and the checks see only its Sink (:attr:`target`)."""
 
     name: str
@@ -111,6 +116,8 @@ class Pipeline:
         """The bound target spec, as a DAG's target after its hook resolved the connections."""
         if self.target_kind == "files":
             return FileTarget(path=self.root or "", ledger_url=self.url, on_committed=self.on_committed)
+        if self.target_kind == "iceberg":
+            return IcebergTarget(table=self.table, ledger_url=self.url, on_committed=self.on_committed)
         if self.target_kind == "kafka":
             # A record per order: the order's id as key, its amount as value.
             return KafkaTarget(topic=self.target_topic or "", key_column="id", value_column="amount",

@@ -139,11 +139,41 @@ def _record_headers(kafka_config: Mapping[str, Any], topic: str, partition: int,
         consumer.close()
 
 
+def _iceberg_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
+    """Under the table's attempt folders: the folder of any attempt not
+    committed, a temporary file, a dead letters' file, a data file of a
+    committed attempt that its manifest does not name; a publication decided
+    and never finished."""
+    sink = p.target
+    store = sink.store  # type: ignore[attr-defined]
+    states = dict(conn.execute("SELECT staging_table, state FROM eos.attempts WHERE pipeline = %s", (p.name,)))
+    left = []
+    for name in store.subdirectories(sink.eos_root):  # type: ignore[attr-defined]
+        url = sink.attempt_url(name)  # type: ignore[attr-defined]
+        if states.get(name) != "committed":
+            left.append(f"{name} (attempt {states.get(name, 'unknown')})")
+            continue
+        named = {path for (path,) in conn.execute(
+            "SELECT s.path FROM eos.staged_files s JOIN eos.attempts a USING (pipeline, window_start, epoch)"
+            " WHERE a.staging_table = %s AND s.kind = 'data'", (name,))}
+        for folder in store.subdirectories(url):
+            for f in store.listing(f"{url}/{folder}"):
+                if f"{folder}/{f.name}" not in named:
+                    left.append(f"{name}/{folder}/{f.name}")
+        hidden = [d for d in ("rows", "dead_letters") if store.subdirectories(f"{url}/{d}")]
+        left += [f"{name}/{d}/ holds a directory" for d in hidden]
+    left += [f"publication of attempt {epoch} of window {ws.isoformat()} decided, never finished"
+             for ws, epoch in conn.execute("SELECT window_start, epoch FROM eos.publications WHERE pipeline = %s"
+                                           " AND state = 'decided'", (p.name,))]
+    return left
+
+
 # How each target keeps staging: what is left of the pipeline's attempts.
 LEFTOVERS: dict[str, Callable[[Pipeline, psycopg.Connection], list[str]]] = {
     "postgres": _postgres_leftovers,
     "files": _file_leftovers,
     "kafka": _kafka_leftovers,
+    "iceberg": _iceberg_leftovers,
 }
 
 
@@ -271,9 +301,59 @@ def _kafka_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Seque
 
 # How to read each target as its readers do, where the ledger's database is not
 # where they read it (a PostgreSQL target is read by verify itself).
+def _iceberg_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
+    """The table read as its readers read it (pyiceberg's scan of the current
+    snapshot), by lineage, against the Kafka records of the committed
+    windows' frozen ranges: each well-formed record once with its order's id
+    and amount, each malformed one a dead letter of the ledger, once; nothing
+    else of the pipeline's source topic; each window in one snapshot of ours
+    per committed epoch."""
+    from harness.iceberg import rows as table_rows
+
+    problems: list[str] = []
+    expected: dict[tuple[str, int, int], tuple[int, Decimal]] = {}
+    malformed: set[tuple[str, int, int]] = set()
+    committed = dict(conn.execute("SELECT window_start, committed_epoch FROM eos.windows WHERE pipeline = %s"
+                                  " AND state = 'committed'", (p.name,)).fetchall())
+    for i in windows:
+        window = p.window(i)
+        plan = p.ledger.load_plan(conn, window)
+        if plan is None or window.start not in committed:
+            continue  # reported as not committed
+        for r in plan.ranges:
+            for offset, value in kafka_records(p.kafka_config, r.topic, r.partition, r.start_offset,
+                                               r.end_offset).items():
+                try:
+                    order = json.loads(value)
+                    expected[r.topic, r.partition, offset] = (int(order["n"]), Decimal(order["amount"]))
+                except (ValueError, TypeError, KeyError):
+                    malformed.add((r.topic, r.partition, offset))
+    rows = [r for r in table_rows(p.url, p.table) if r["eos_topic"] in p.topics]
+    seen = Counter((r["eos_topic"], r["eos_partition"], r["eos_offset"]) for r in rows)
+    duplicates = sorted(k for k, c in seen.items() if c > 1)
+    missing = sorted(set(expected) - set(seen))
+    extra = sorted(set(seen) - set(expected))
+    if duplicates or missing or extra:
+        problems.append(f"the table read with pyiceberg: {len(duplicates)} duplicate(s) {duplicates[:5]}, "
+                        f"{len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}")
+    wrong = [r for r in rows if (r["eos_topic"], r["eos_partition"], r["eos_offset"]) in expected
+             and (r["id"], r["amount"]) != expected[r["eos_topic"], r["eos_partition"], r["eos_offset"]]]
+    if wrong:
+        problems.append(f"{len(wrong)} row(s) with another id or amount than their record's: {wrong[:5]}")
+    dead = Counter(conn.execute('SELECT topic, partition, "offset" FROM eos.dead_letters WHERE pipeline = %s',
+                                (p.name,)).fetchall())
+    if set(dead) != malformed or any(c > 1 for c in dead.values()):
+        problems.append(f"dead letters in the ledger {sorted(dead.elements())[:10]} are not the malformed records "
+                        f"{sorted(malformed)[:10]}, once each")
+    return problems
+
+
+# How to read each target as its readers do, where the ledger's database is not
+# where they read it (a PostgreSQL target is read by verify itself).
 READERS: dict[str, Callable[[Pipeline, psycopg.Connection, Sequence[int]], list[str]]] = {
     "files": _file_reader_problems,
     "kafka": _kafka_reader_problems,
+    "iceberg": _iceberg_reader_problems,
 }
 
 

@@ -1,0 +1,61 @@
+"""The Iceberg target's teardown and sweep. A mixin of
+:class:`~airflow_eos.targets.iceberg.sink.IcebergSink`.
+
+Only the folders of attempts this ledger aborted are deleted: an aborted
+attempt was never decided, so no snapshot names its files. A folder no
+attempt of this ledger owns is never touched (it may be another ledger's
+pipeline writing into the same table); the files of published and
+superseded attempts are the table's, which Iceberg's own snapshot expiry and
+orphan-file removal take care of.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from airflow_eos.core.attempt import ABORTED, Attempt
+from airflow_eos.core.windows import Window
+from airflow_eos.targets.iceberg.fields import IcebergSinkFields
+
+log = logging.getLogger(__name__)
+
+
+class IcebergAbort(IcebergSinkFields):
+    """abort_window, sweeps_unclaimed and sweep of an IcebergSink (ahead of
+    :class:`~airflow_eos.core.sink.Sink` in its bases: ``super()`` reaches the Sink's)."""
+
+    def abort_window(self, window: Window, reason: str) -> list[Attempt]:
+        """Abort every live attempt of the window, and delete what is left of
+        the folders of its attempts aborted before (an abort that died
+        between marking its attempt and deleting its files)."""
+        aborted = super().abort_window(window, reason)  # type: ignore[misc]
+        with self.ledger.connect() as conn, conn.transaction():
+            ended = conn.execute(
+                "SELECT pipeline, window_start, %s::timestamptz, epoch, staging_table FROM eos.attempts"
+                " WHERE pipeline = %s AND window_start = %s AND state = %s",
+                (window.end, window.pipeline, window.start, ABORTED)).fetchall()
+        for row in ended:
+            self.store.delete_tree(self.attempt_url(Attempt(*row)))
+        return aborted
+
+    def sweeps_unclaimed(self, attempt: Attempt) -> bool:
+        """Only an attempt with a folder under this table's location."""
+        url = self.attempt_url(attempt)
+        return self.store.is_dir(url) or bool(self.store.subdirectories(url))
+
+    def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
+        """Abort this table's attempts live longer than ``older_than``, finish
+        decided publications, and delete the folders of this ledger's aborted
+        attempts that are still there."""
+        swept = super().sweep(older_than, now=now)  # type: ignore[misc]
+        self.finish_pending()  # type: ignore[attr-defined]
+        names = self.store.subdirectories(self.eos_root)
+        with self.ledger.connect() as conn, conn.transaction():
+            aborted = [r[0] for r in conn.execute(
+                "SELECT staging_table FROM eos.attempts WHERE staging_table = ANY(%s) AND state = %s",
+                (names, ABORTED))]
+        for name in aborted:
+            log.info("sweep: deleting %s (its attempt was aborted)", self.attempt_url(name))
+            self.store.delete_tree(self.attempt_url(name))
+        return swept

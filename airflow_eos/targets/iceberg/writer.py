@@ -1,0 +1,115 @@
+"""The Python writer of an Iceberg attempt's staging, for the stage job's write
+tasks (and tests, scripts): each call writes one chunk, a data file and its
+dead letters' file of one name. The Spark job's own Parquet writer writes the
+same folders without it (``IcebergSink.spark_output``)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from airflow_eos.core.attempt import StagedChunk
+from airflow_eos.core.columns import DEAD_LETTER_COLUMNS
+from airflow_eos.core.errors import TargetError
+from airflow_eos.core.faults import fault_point
+from airflow_eos.core.sink import dead_letters_as_rows
+from airflow_eos.targets.iceberg.files import Store, chunk_id, names_digest
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+ROWS = "rows"
+DEAD_LETTERS = "dead_letters"
+FOLDERS = {"data": ROWS, "dead_letters": DEAD_LETTERS}  # kind of a staged file -> its folder
+
+
+def dead_letter_schema() -> pa.Schema:
+    import pyarrow as pa
+    return pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                      ("error", pa.string()), ("key", pa.binary()), ("value", pa.binary())])
+
+
+@dataclass(frozen=True)
+class IcebergWriter:
+    """Stages rows of one attempt as Parquet files in its folder under the
+    table's location. Plain data: pickle it into the tasks."""
+
+    attempt_url: str  # <table location>/data/eos/<attempt.staging>
+    target: str  # for messages
+    store: Store
+    local: bool  # a local directory: a write into a deleted staging is refused
+
+    @property
+    def data_url(self) -> str:
+        return f"{self.attempt_url}/{ROWS}"
+
+    @property
+    def dead_letter_url(self) -> str:
+        return f"{self.attempt_url}/{DEAD_LETTERS}"
+
+    def write(self, batches: Iterable[pa.RecordBatch | pa.Table],
+              dead_letters: Iterable[pa.RecordBatch | pa.Table | Mapping] = ()) -> StagedChunk:
+        """Write the batches as one Parquet file and the dead letters as a
+        second one of the same name: one chunk (see FileWriter.write of the
+        file target for the same contract)."""
+        import pyarrow as pa
+        started = time.monotonic()
+        name = f"part-{secrets.token_hex(8)}.parquet"
+        if self.local and not self.store.is_dir(self.data_url):
+            raise self._gone()
+        try:
+            rows = self._write_rows(f"{self.data_url}/{name}", batches)
+            dead_rows = list(dead_letters_as_rows(dead_letters))
+            if dead_rows:
+                table = pa.Table.from_pylist([dict(zip(DEAD_LETTER_COLUMNS, r)) for r in dead_rows],
+                                             schema=dead_letter_schema())
+                self.store.write_parquet(f"{self.dead_letter_url}/{name}", [table], table.schema)
+        except FileNotFoundError as exc:
+            raise self._gone() from exc
+        except OSError as exc:
+            raise TargetError(f"cannot stage rows for {self.target} in {self.attempt_url}: {exc}") from exc
+        except pa.ArrowException as exc:
+            raise TargetError(f"cannot write rows for {self.target} as Parquet: {exc}") from exc
+        chunk = StagedChunk(chunk_id(name), rows, len(dead_rows), names_digest([name] * (bool(rows) + bool(dead_rows))))
+        log.info("staged chunk %d (%s) into %s: %d rows, %d dead letters in %.2fs", chunk.chunk, name,
+                 self.attempt_url, rows, chunk.dead_letters, time.monotonic() - started)
+        return chunk
+
+    def _gone(self) -> TargetError:
+        return TargetError(f"the staging {self.attempt_url} of {self.target} does not exist: its attempt was aborted "
+                           "(a fenced or zombie writer cannot stage any more)")
+
+    def _write_rows(self, url: str, batches: Iterable[pa.RecordBatch | pa.Table]) -> int:
+        tables = (b for b in _as_tables(batches) if b.num_rows)
+        first = next(tables, None)
+        if first is None:
+            return 0
+        rows = self.store.write_parquet(url, _conform(first, tables), first.schema)
+        fault_point("stage.mid_write")
+        return rows
+
+
+def _as_tables(batches: Iterable[pa.RecordBatch | pa.Table]) -> Iterator[pa.Table]:
+    import pyarrow as pa
+    for b in batches:
+        yield b if isinstance(b, pa.Table) else pa.Table.from_batches([b])
+
+
+def _conform(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """The batches of one chunk with the first one's columns and types."""
+    yield first
+    schema = first.schema
+    for table in rest:
+        if table.schema.equals(schema):
+            yield table
+            continue
+        if sorted(table.schema.names) != sorted(schema.names):
+            raise TargetError(f"a batch has the columns {table.schema.names}, the chunk's first batch "
+                              f"{schema.names}: one chunk's rows share one schema")
+        yield table.select(schema.names).cast(schema)

@@ -1,0 +1,36 @@
+"""Iceberg tables for the tests: made in the SQL catalog the Iceberg target
+keeps in the ledger's database (the ledger migrated first), and read back as
+a reader reads them (pyiceberg's scan of the current snapshot)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+# The contract suite's rows (harness/sink_contract.py's ContractTarget.batch): the table's columns.
+ORDERS = pa.schema([("id", pa.int64()), ("note", pa.string()), ("eos_topic", pa.string()),
+                    ("eos_partition", pa.int32()), ("eos_offset", pa.int64())])
+
+
+def catalog(pg_url: str):
+    from airflow_eos.targets.iceberg.table import ledger_catalog_properties, load_catalog
+    return load_catalog("airflow_eos", ledger_catalog_properties(pg_url))
+
+
+def create_table(pg_url: str, name: str, warehouse: Path, schema: pa.Schema = ORDERS):
+    """The table ``name`` (namespace.table) with ``schema``, located under
+    ``warehouse``; the table if it exists already."""
+    from airflow_eos.core.ledger import Ledger
+    Ledger(pg_url).migrate()
+    cat = catalog(pg_url)
+    namespace, _, table = name.rpartition(".")
+    cat.create_namespace_if_not_exists(namespace)
+    if cat.table_exists(name):
+        return cat.load_table(name)
+    return cat.create_table(name, schema, location=f"file://{warehouse}/{namespace}/{table}")
+
+
+def rows(pg_url: str, name: str) -> list[dict]:
+    """The table's rows at its current snapshot, as pyiceberg reads them."""
+    return catalog(pg_url).load_table(name).scan().to_arrow().to_pylist()
