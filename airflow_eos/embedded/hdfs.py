@@ -26,7 +26,8 @@ MANAGER = "org.apache.hadoop.test.MiniDFSClusterManager"
 
 def hdfs_home() -> Path:
     """Where scripts/bootstrap.sh put Hadoop's mini-cluster jars (``lib/``)."""
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "airflow-eos" / f"hdfs-{HADOOP_VERSION}"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    default = cache / "airflow-eos" / f"hdfs-{HADOOP_VERSION}"
     return Path(os.environ.get("EOS_HDFS_HOME") or default)
 
 

@@ -19,19 +19,23 @@ needs the NameNode's HTTP port open to the workers.
   between the two renames no window, then the new version whole; never a mix
   of both. A crash between them leaves the new version staged, and the next
   publication of the decided window renames it into place.
-- :meth:`HdfsFiles.write_atomically`: a file appears whole or not at all (a
-  temp name, closed, renamed over the old one).
+- :meth:`HdfsFiles.atomic_output`: a file appears whole or not at all (a
+  temp name, hsync'ed and closed, renamed over the old one).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import time
+from collections.abc import Iterator
+from typing import IO
 from urllib.parse import urlsplit
 
 from airflow_eos.core.errors import ConfigurationError
+from airflow_eos.targets.files.fs import Entry
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -49,7 +53,8 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 class HdfsFiles:
-    """One HDFS cluster's file operations, by absolute path in the cluster."""
+    """One HDFS cluster's files (:class:`~airflow_eos.targets.files.storage.Files`),
+    by URL: ``hdfs://namenode:port/path``, the way the sink spells its paths."""
 
     def __init__(self, cluster: str) -> None:
         from hdfs_native import Client  # noqa: PLC0415 - the optional `hdfs` extra, loaded where HDFS is used
@@ -57,55 +62,117 @@ class HdfsFiles:
         self.cluster = cluster
         self.client = Client(cluster)
 
+    def _path(self, url: str) -> str:
+        if not url.startswith(self.cluster + "/"):
+            raise ValueError(f"{url} is not a path of {self.cluster}")
+        return url[len(self.cluster):]
+
+    def _url(self, path: str) -> str:
+        return self.cluster + path
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.client.get_file_info(self._path(path))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def is_dir(self, path: str) -> bool:
+        try:
+            return self.client.get_file_info(self._path(path)).isdir
+        except FileNotFoundError:
+            return False
+
+    def entries(self, path: str) -> list[Entry]:
+        directory = self._path(path)
+        found = []
+        for status in self.client.list_status(directory, False):
+            name = posixpath.basename(status.path)
+            found.append(Entry(name, self._url(posixpath.join(directory, name)), status.isdir, status.length,
+                               status.modification_time / 1000))
+        return sorted(found, key=lambda e: e.name)
+
+    def size(self, path: str) -> int:
+        return self.client.get_file_info(self._path(path)).length
+
+    def makedirs(self, path: str) -> None:
+        self.client.mkdirs(self._path(path), 0o755, True)
+
+    def mkdir(self, path: str) -> None:
+        """A new directory (its parent must exist). HDFS's mkdirs succeeds on
+        an existing one: checked first, which is enough for the sink's names
+        (each attempt's own)."""
+        if self.exists(path):
+            raise FileExistsError(errno.EEXIST, "File exists", path)
+        self.client.mkdirs(self._path(path), 0o755, False)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.client.rename(self._path(src), self._path(dst), False)
+
     def rename_noreplace(self, src: str, dst: str) -> None:
         """Rename ``src`` to ``dst``; FileExistsError if ``dst`` exists (even empty)."""
-        self.client.rename(src, dst, False)
+        self.client.rename(self._path(src), self._path(dst), False)
 
     def replace(self, src: str, dst: str, retired: str) -> None:
         """Put ``src`` where ``dst`` is, the old ``dst`` moved to ``retired``
         first (see the module's docstring for what readers see)."""
-        self.client.rename(dst, retired, False)
-        self.client.rename(src, dst, False)
+        self.makedirs(posixpath.dirname(retired))
+        self.client.rename(self._path(dst), self._path(retired), False)
+        self.client.rename(self._path(src), self._path(dst), False)
 
-    def write_atomically(self, path: str, data: bytes) -> None:
-        """``path`` holds ``data`` whole, or keeps what it held: never a part."""
-        head, tail = posixpath.split(path)
-        tmp = posixpath.join(head, f".{tail}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    def unlink(self, path: str) -> None:
+        if not self.client.delete(self._path(path), False):
+            raise FileNotFoundError(errno.ENOENT, "No such file", path)
+
+    def remove_tree(self, path: str) -> bool:
+        """Delete ``path`` and everything in it; True if it is gone (or never was)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.client.delete(self._path(path), True)
+        return not self.exists(path)
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.client.read(self._path(path)) as f:
+            return f.read()
+
+    def open_input(self, path: str) -> IO[bytes]:
+        return self.client.read(self._path(path))
+
+    @contextlib.contextmanager
+    def atomic_output(self, path: str) -> Iterator[IO[bytes]]:
+        """A file that appears under ``path`` whole (synced to the DataNodes'
+        disks) when the block ends, or not at all if it raises."""
+        tmp = self._temp(path)
         try:
             with self.client.create(tmp) as f:
-                f.write(data)
-            self.client.rename(tmp, path, True)  # a file over a file: one atomic step
+                yield f
+                f.hsync()
+            self.client.rename(tmp, self._path(path), True)  # a file over a file: one atomic step
         except BaseException:
             with contextlib.suppress(OSError):
                 self.client.delete(tmp, False)
             raise
 
-    def read(self, path: str) -> bytes:
-        with self.client.read(path) as f:
-            return f.read()
+    def write_atomically(self, path: str, data: bytes) -> None:
+        """``path`` holds ``data`` whole, or keeps what it held: never a part."""
+        with self.atomic_output(path) as f:
+            f.write(data)
 
-    def makedirs(self, path: str) -> None:
-        self.client.mkdirs(path, 0o755, True)
-
-    def is_dir(self, path: str) -> bool:
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        """``path`` appears whole, and FileExistsError where anything holds it."""
+        tmp = self._temp(path)
         try:
-            return self.client.get_file_info(path).isdir
-        except FileNotFoundError:
-            return False
+            with self.client.create(tmp) as f:
+                f.write(data)
+                f.hsync()
+            self.client.rename(tmp, self._path(path), False)
+        finally:
+            with contextlib.suppress(OSError):
+                self.client.delete(tmp, False)
 
-    def exists(self, path: str) -> bool:
-        try:
-            self.client.get_file_info(path)
-        except FileNotFoundError:
-            return False
-        return True
+    def sync_dir(self, path: str) -> None:
+        """Nothing to do: the NameNode logs each rename durably before it answers."""
 
-    def list_names(self, path: str) -> list[str]:
-        """The names in the directory ``path`` (FileNotFoundError if there is none)."""
-        return sorted(posixpath.basename(s.path) for s in self.client.list_status(path, False))
-
-    def remove_tree(self, path: str) -> bool:
-        """Delete ``path`` and everything in it; True if it is gone (or never was)."""
-        with contextlib.suppress(FileNotFoundError):
-            self.client.delete(path, True)
-        return not self.exists(path)
+    def _temp(self, path: str) -> str:
+        """A hidden name beside ``path`` (readers and the staging scan skip "." names)."""
+        head, tail = posixpath.split(self._path(path))
+        return posixpath.join(head, f".{tail}.{os.getpid()}.{time.monotonic_ns()}.tmp")
