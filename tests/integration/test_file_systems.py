@@ -104,6 +104,15 @@ def test_a_file_written_atomically_is_whole_or_keeps_what_it_held(files, root):
     assert names(files, root) == ["_eos_commit.json"]  # no temp file left
 
 
+def test_a_file_is_never_written_into_a_directory_that_is_gone(files, root):
+    """A writer of a deleted staging (a zombie task) must fail, not recreate it."""
+    with pytest.raises(FileNotFoundError), files.atomic_output(f"{root}/gone/part-0.parquet") as f:
+        f.write(b"rows")
+    with pytest.raises(FileNotFoundError):
+        files.create_exclusive(f"{root}/gone/_eos_root.json", b"mine")
+    assert not files.exists(f"{root}/gone")
+
+
 def test_an_exclusive_file_appears_once_whole_and_never_replaces_one(files, root):
     files.create_exclusive(f"{root}/_eos_root.json", b"mine")
     with pytest.raises(FileExistsError):

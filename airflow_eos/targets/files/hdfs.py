@@ -143,7 +143,7 @@ class HdfsFiles:
         disks) when the block ends, or not at all if it raises."""
         tmp = self._temp(path)
         try:
-            with self.client.create(tmp) as f:
+            with self.client.create(tmp, self._new_file()) as f:
                 yield f
                 f.hsync()
             self.client.rename(tmp, self._path(path), True)  # a file over a file: one atomic step
@@ -161,7 +161,7 @@ class HdfsFiles:
         """``path`` appears whole, and FileExistsError where anything holds it."""
         tmp = self._temp(path)
         try:
-            with self.client.create(tmp) as f:
+            with self.client.create(tmp, self._new_file()) as f:
                 f.write(data)
                 f.hsync()
             self.client.rename(tmp, self._path(path), False)
@@ -171,6 +171,14 @@ class HdfsFiles:
 
     def sync_dir(self, path: str) -> None:
         """Nothing to do: the NameNode logs each rename durably before it answers."""
+
+    @staticmethod
+    def _new_file():
+        """A new file in a directory that must exist: a writer never recreates
+        a deleted staging (HDFS's create makes missing parents by default)."""
+        from hdfs_native import WriteOptions  # noqa: PLC0415 - the optional `hdfs` extra
+
+        return WriteOptions(create_parent=False)
 
     def _temp(self, path: str) -> str:
         """A hidden name beside ``path`` (readers and the staging scan skip "." names)."""
