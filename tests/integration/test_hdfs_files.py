@@ -92,7 +92,7 @@ def test_a_replace_cut_between_its_renames_leaves_no_mix_and_a_rename_finishes_i
 def test_urls_name_a_cluster_and_a_directory_of_it(files):
     assert split_url("hdfs://nn:8020/lake/orders/") == ("hdfs://nn:8020", "/lake/orders")
     for bad in ("hdfs:///lake", "hdfs://nn:8020/", "file:///lake", "hdfs://nn/lake?x=1"):
-        with pytest.raises(Exception, match="HDFS|root|query"):
+        with pytest.raises(Exception, match="HDFS|NameNode|root|query"):
             split_url(bad)
     with pytest.raises(ValueError, match="not a path of"):
         files.exists("hdfs://elsewhere:8020/lake")

@@ -37,6 +37,7 @@ class Entry:
     name: str
     path: str
     is_dir: bool  # a directory (a symlink to one is not)
+    is_file: bool  # a regular file (a symlink to one is not)
     size: int
     mtime: float  # seconds since the epoch
 

@@ -32,24 +32,35 @@ import posixpath
 import time
 from collections.abc import Iterator
 from typing import IO
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.targets.files.fs import Entry
+
+
+def hdfs_root(text: str) -> str:
+    """``hdfs://namenode:port/dir`` normalised (no trailing slash, no ``..``),
+    or ConfigurationError saying why it cannot be a FileTarget's root."""
+    parts = urlsplit(text)
+    if not parts.netloc:
+        raise ConfigurationError(f"{text} names no NameNode: write hdfs://namenode:port/absolute/directory (the "
+                                 "NameNode's RPC address, or the nameservice of an HA cluster)")
+    if parts.query or parts.fragment:
+        raise ConfigurationError(f"{text}: a FileTarget's hdfs:// URL takes no query or fragment")
+    path = posixpath.normpath(unquote(parts.path) or "/")
+    if path == "/":
+        raise ConfigurationError(f"FileTarget path {text} is the file system's root: give a directory of its own")
+    return f"hdfs://{parts.netloc}{path}"
 
 
 def split_url(url: str) -> tuple[str, str]:
     """``hdfs://namenode:port/a/b`` as (``hdfs://namenode:port``, ``/a/b``):
     the cluster a client connects to, and the path in it."""
     parts = urlsplit(url)
-    if parts.scheme.lower() != "hdfs" or not parts.netloc:
-        raise ConfigurationError(f"{url} is not an HDFS URL with a NameNode (hdfs://namenode:port/path)")
-    if parts.query or parts.fragment:
-        raise ConfigurationError(f"{url}: an HDFS root takes no query or fragment")
-    path = posixpath.normpath(parts.path or "/")
-    if path == "/":
-        raise ConfigurationError(f"{url} is the file system's root: give a directory of its own")
-    return f"hdfs://{parts.netloc}", path
+    if parts.scheme.lower() != "hdfs":
+        raise ConfigurationError(f"{url} is not an HDFS URL (hdfs://namenode:port/path)")
+    root = hdfs_root(url)
+    return f"hdfs://{parts.netloc}", root[len(f"hdfs://{parts.netloc}"):]
 
 
 class HdfsFiles:
@@ -77,23 +88,52 @@ class HdfsFiles:
             return False
         return True
 
+    def lexists(self, path: str) -> bool:
+        return self.exists(path)
+
     def is_dir(self, path: str) -> bool:
         try:
             return self.client.get_file_info(self._path(path)).isdir
         except FileNotFoundError:
             return False
 
+    def is_file(self, path: str) -> bool:
+        try:
+            return not self.client.get_file_info(self._path(path)).isdir
+        except FileNotFoundError:
+            return False
+
+    def is_link(self, path: str) -> bool:
+        return False  # HDFS's clients do not create symlinks (disabled in Hadoop 2 and later)
+
+    def writable(self, path: str) -> bool:
+        return True  # the NameNode checks permissions on each change; its refusal is the error to report
+
     def entries(self, path: str) -> list[Entry]:
         directory = self._path(path)
         found = []
         for status in self.client.list_status(directory, False):
             name = posixpath.basename(status.path)
-            found.append(Entry(name, self._url(posixpath.join(directory, name)), status.isdir, status.length,
-                               status.modification_time / 1000))
+            found.append(Entry(name, self._url(posixpath.join(directory, name)), status.isdir, not status.isdir,
+                               status.length, status.modification_time / 1000))
         return sorted(found, key=lambda e: e.name)
+
+    def walk(self, top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+        """As ``os.walk(top)``: top-down, ``dirs`` pruned in place by the caller."""
+        try:
+            entries = self.entries(top)
+        except FileNotFoundError:
+            return
+        dirs = [e.name for e in entries if e.is_dir]
+        yield top, dirs, [e.name for e in entries if not e.is_dir]
+        for name in dirs:
+            yield from self.walk(posixpath.join(top, name))
 
     def size(self, path: str) -> int:
         return self.client.get_file_info(self._path(path)).length
+
+    def mtime(self, path: str) -> float:
+        return self.client.get_file_info(self._path(path)).modification_time / 1000
 
     def makedirs(self, path: str) -> None:
         self.client.mkdirs(self._path(path), 0o755, True)
@@ -171,6 +211,10 @@ class HdfsFiles:
 
     def sync_dir(self, path: str) -> None:
         """Nothing to do: the NameNode logs each rename durably before it answers."""
+
+    def sync_file(self, path: str) -> None:
+        """Nothing to do: a file is hsync'ed before it gets its name (atomic_output),
+        and Spark's writer closes its files before its job commits."""
 
     @staticmethod
     def _new_file():

@@ -24,10 +24,16 @@ class Files(Protocol):
     file system; ``rename_noreplace`` fails with FileExistsError where
     anything holds ``dst``, even an empty directory."""
 
-    def exists(self, path: str) -> bool: ...
-    def is_dir(self, path: str) -> bool: ...
+    def exists(self, path: str) -> bool: ...  # a symlink counts as what it points to
+    def lexists(self, path: str) -> bool: ...  # a symlink counts, even dangling
+    def is_dir(self, path: str) -> bool: ...  # a directory, or a symlink to one
+    def is_file(self, path: str) -> bool: ...  # a regular file, or a symlink to one
+    def is_link(self, path: str) -> bool: ...
+    def writable(self, path: str) -> bool: ...  # the directory takes new names (as far as can be told before)
     def entries(self, path: str) -> list[Entry]: ...  # FileNotFoundError if there is no such directory
+    def walk(self, top: str) -> Iterator[tuple[str, list[str], list[str]]]: ...  # as os.walk, top-down
     def size(self, path: str) -> int: ...
+    def mtime(self, path: str) -> float: ...
     def makedirs(self, path: str) -> None: ...
     def mkdir(self, path: str) -> None: ...  # FileExistsError if it exists
     def rename(self, src: str, dst: str) -> None: ...  # into a name nothing else writes
@@ -41,26 +47,46 @@ class Files(Protocol):
     def write_atomically(self, path: str, data: bytes) -> None: ...
     def create_exclusive(self, path: str, data: bytes) -> None: ...  # whole, and only where nothing is
     def sync_dir(self, path: str) -> None: ...  # make the renames in ``path`` durable
+    def sync_file(self, path: str) -> None: ...  # make a file's contents durable
 
 
 class LocalFiles:
     """A local POSIX directory tree."""
 
     def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def lexists(self, path: str) -> bool:
         return os.path.lexists(path)
 
     def is_dir(self, path: str) -> bool:
-        return os.path.isdir(path) and not os.path.islink(path)
+        return os.path.isdir(path)
+
+    def is_file(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def is_link(self, path: str) -> bool:
+        return os.path.islink(path)
+
+    def writable(self, path: str) -> bool:
+        return os.access(path, os.W_OK | os.X_OK)
 
     def entries(self, path: str) -> list[Entry]:
         found = []
         for e in os.scandir(path):
             st = e.stat(follow_symlinks=False)
-            found.append(Entry(e.name, e.path, e.is_dir(follow_symlinks=False), st.st_size, st.st_mtime))
+            found.append(Entry(e.name, e.path, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False),
+                               st.st_size, st.st_mtime))
         return sorted(found, key=lambda e: e.name)
+
+    def walk(self, top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+        return os.walk(top)
 
     def size(self, path: str) -> int:
         return os.stat(path).st_size
+
+    def mtime(self, path: str) -> float:
+        return os.stat(path).st_mtime
 
     def makedirs(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
@@ -135,11 +161,24 @@ class LocalFiles:
     def sync_dir(self, path: str) -> None:
         fs.fsync_dir(path)
 
+    def sync_file(self, path: str) -> None:
+        fs.fsync_file(path)
+
+
+_LOCAL = LocalFiles()
+_CLUSTERS: dict[tuple[str, int], Files] = {}
+
 
 def files_for(root: str) -> Files:
-    """The file system that holds ``root`` (a local path, or an ``hdfs://`` URL)."""
+    """The file system that holds ``root`` (a local path, or an ``hdfs://`` URL).
+    One client per cluster and process (a forked Spark worker makes its own:
+    a client's connections do not survive a fork)."""
     if root.startswith("hdfs://"):
         from airflow_eos.targets.files.hdfs import HdfsFiles, split_url  # noqa: PLC0415 - the optional extra
 
-        return HdfsFiles(split_url(root)[0])
-    return LocalFiles()
+        cluster = split_url(root)[0]
+        key = (cluster, os.getpid())
+        if key not in _CLUSTERS:
+            _CLUSTERS[key] = HdfsFiles(cluster)
+        return _CLUSTERS[key]
+    return _LOCAL
