@@ -78,8 +78,8 @@ def root(request, tmp_path):
     return str(path)
 
 
-def listed(directory: str) -> list[str]:
-    return [e.name for e in files_for(directory).entries(directory)]
+def listed(directory) -> list[str]:
+    return [e.name for e in files_for(str(directory)).entries(str(directory))]
 
 
 def planned(pg_url, topic) -> WindowPlan:
