@@ -9,7 +9,8 @@ letters go to the ledger's ``eos.dead_letters``.
 
 The root is ``$EOS_ORDERS_FILES_ROOT``, by default ``<temp dir>/airflow-eos/
 orders_hourly_files``; it must be a local directory that the workers and the
-Spark executors see at the same path (``create_root`` makes it).
+Spark executors see at the same path, or an ``hdfs://namenode:port/...`` URL
+(``create_root`` makes it).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ with DAG(
 
     @task
     def create_root() -> str:
-        os.makedirs(ROOT, exist_ok=True)
+        from airflow_eos.targets.files.storage import files_for  # a local directory, or one on HDFS
+
+        files_for(ROOT).makedirs(ROOT)
         return ROOT
 
     window = exactly_once_window(

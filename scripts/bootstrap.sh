@@ -4,8 +4,8 @@
 #   - Debian packages: PostgreSQL server binaries, a Java runtime for Spark,
 #     headless Chromium and its WebDriver (the Airflow UI in a browser, via Selenium)
 #   - uv, then the virtualenv .venv with this package and its dev extra
-#   - Apache Kafka's broker jars and Spark's Kafka connector jars (Maven, cached
-#     outside the checkout)
+#   - Apache Kafka's broker jars, Spark's Kafka connector jars and Hadoop's HDFS
+#     mini-cluster jars (Maven, cached outside the checkout)
 # Idempotent; a second run takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -98,4 +98,16 @@ if [ ! -f "$spark_kafka_home/.complete" ]; then
   mvn -q -B -f scripts/spark-kafka/pom.xml dependency:copy-dependencies \
       -DincludeScope=runtime -DoutputDirectory="$spark_kafka_home/lib"
   touch "$spark_kafka_home/.complete"
+fi
+
+# Hadoop's HDFS mini-cluster (the file target's HDFS tests): its jars from Maven Central, once, into the
+# cache that airflow_eos.embedded.hdfs_home() names, at the Hadoop release of PySpark's client jars.
+hadoop_version=$(sed -n 's:.*<hadoop.version>\(.*\)</hadoop.version>.*:\1:p' scripts/hdfs/pom.xml)
+hdfs_home=${EOS_HDFS_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/hdfs-$hadoop_version}
+if [ ! -f "$hdfs_home/.complete" ]; then
+  log "fetching Hadoop $hadoop_version's HDFS mini-cluster jars with Maven into $hdfs_home"
+  rm -rf "$hdfs_home/lib"
+  mvn -q -B -f scripts/hdfs/pom.xml dependency:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$hdfs_home/lib"
+  touch "$hdfs_home/.complete"
 fi

@@ -1,7 +1,7 @@
 """Real services for the tests: one PostgreSQL server and one Apache Kafka
 broker per test session (or the external ones named by EOS_POSTGRES_URL and
-EOS_KAFKA_BOOTSTRAP), a fresh database and fresh topics per test, and an Airflow
-home in a temp dir. Every process started here is stopped here.
+EOS_KAFKA_BOOTSTRAP), one HDFS for the sessions that run an HDFS test, a fresh
+database and fresh topics per test, and an Airflow home in a temp dir. Every process started here is stopped here.
 
 ``make test`` runs the suite in pytest-xdist workers (``-n 2 --dist loadfile``):
 each worker is a session of its own, with its own servers and Airflow home; a
@@ -39,7 +39,7 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 import pytest  # noqa: E402
 
-from airflow_eos.embedded import kafka_service, postgres_service  # noqa: E402
+from airflow_eos.embedded import hdfs_service, kafka_service, postgres_service  # noqa: E402
 from harness import workers  # noqa: E402
 from harness.databases import empty_database  # noqa: E402
 from harness.topics import TopicFactory  # noqa: E402
@@ -136,6 +136,17 @@ def topics(kafka):
     factory = TopicFactory(kafka.address)
     yield factory
     factory.close()
+
+
+# --------------------------------------------------------------------------- HDFS
+
+
+@pytest.fixture(scope="session")
+def hdfs():
+    """HDFS (a NameNode and a DataNode, Hadoop's mini-cluster) of the session's own; started by the
+    first test that asks for it, so a worker without HDFS tests starts none."""
+    with hdfs_service() as handle:
+        yield handle
 
 
 # --------------------------------------------------------------------------- Airflow

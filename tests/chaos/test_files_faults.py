@@ -33,6 +33,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections import Counter
 
 import psycopg
@@ -40,6 +41,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_eos.core.errors import TargetError
+from airflow_eos.targets.files.storage import files_for
 from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR
 from harness.chaos import (
     Harness,
@@ -55,6 +57,7 @@ from harness.chaos import (
     transform_batch,
 )
 from harness.chaos.cases import new_pipeline, scratch_database
+from harness.chaos.targets import parquet_source
 
 WINDOWS = (0, 1)
 
@@ -62,15 +65,18 @@ WINDOWS = (0, 1)
 # --------------------------------------------------------------------------- what a reader of the root sees
 
 
+def listed(directory: str) -> list[str]:
+    return [e.name for e in files_for(directory).entries(directory)]
+
+
 def partitions(p) -> list[str]:
     """The visible directories of the root (what a reader lists)."""
-    return sorted(n for n in os.listdir(p.root) if not n.startswith(("_", ".")))
+    return sorted(n for n in listed(p.root) if not n.startswith(("_", ".")))
 
 
 def commit_doc(p, i) -> dict | None:
     try:
-        with open(os.path.join(p.target.partition_dir(p.window(i)), COMMIT_FILE)) as f:
-            return json.load(f)
+        return json.loads(files_for(p.root).read_bytes(os.path.join(p.target.partition_dir(p.window(i)), COMMIT_FILE)))
     except FileNotFoundError:
         return None
 
@@ -78,12 +84,12 @@ def commit_doc(p, i) -> dict | None:
 def read_rows(p) -> list[dict]:
     if not partitions(p):
         return []
-    return pq.read_table(p.root, partitioning="hive").to_pylist()
+    return pq.read_table(**parquet_source(p.root), partitioning="hive").to_pylist()
 
 
 def stagings(p) -> list[str]:
     try:
-        return sorted(os.listdir(os.path.join(p.root, STAGING_DIR)))
+        return listed(os.path.join(p.root, STAGING_DIR))
     except FileNotFoundError:
         return []
 
@@ -101,20 +107,30 @@ def window_state(p, i) -> tuple:
 
 
 @pytest.fixture
-def files_pipeline(make_pipeline):
-    return lambda name, **kw: make_pipeline(name, target="files", **kw)
+def lake(request, tmp_path):
+    """Where the cell's roots go: a local directory, or (``indirect`` parameter
+    "hdfs") a directory on the session's HDFS."""
+    if getattr(request, "param", "local") == "hdfs":
+        return f"{request.getfixturevalue('hdfs').address}/chaos/{uuid.uuid4().hex}"
+    return tmp_path / "lake"
 
 
 @pytest.fixture
-def swept_files_pipeline(pg_server, chaos_source, tmp_path):
+def files_pipeline(make_pipeline, lake):
+    return lambda name, **kw: make_pipeline(name, target="files", root=lake, **kw)
+
+
+@pytest.fixture
+def swept_files_pipeline(pg_server, chaos_source, lake):
     """A file target's pipeline in a ledger database of its own (the sweep is database-wide)."""
     with scratch_database(pg_server.address) as url:
-        yield lambda name, **kw: new_pipeline(url, chaos_source, name, target="files", root=tmp_path / "lake", **kw)
+        yield lambda name, **kw: new_pipeline(url, chaos_source, name, target="files", root=lake, **kw)
 
 
 # --------------------------------------------------------------------------- a crash after the decision
 
 
+@pytest.mark.parametrize("lake", ["local", "hdfs"], indirect=True)
 @pytest.mark.parametrize("recovery", ["retry", "clear", "later_commit", "sweep"])
 def test_a_crash_after_the_decision_is_published_by_the_next_one_to_come(recovery, files_pipeline,
                                                                          swept_files_pipeline, tmp_path, tally):
@@ -152,6 +168,7 @@ def test_a_crash_after_the_decision_is_published_by_the_next_one_to_come(recover
 # --------------------------------------------------------------------------- a crash after the rename
 
 
+@pytest.mark.parametrize("lake", ["local", "hdfs"], indirect=True)
 @pytest.mark.parametrize("action", ["crash", "raise"])
 def test_a_failure_after_the_rename_leaves_the_window_whole_and_the_retry_only_records_it(action, files_pipeline,
                                                                                          tmp_path, tally):
@@ -178,6 +195,7 @@ def test_a_failure_after_the_rename_leaves_the_window_whole_and_the_retry_only_r
 # --------------------------------------------------------------------------- the middle of the staging write
 
 
+@pytest.mark.parametrize("lake", ["local", "hdfs"], indirect=True)
 @pytest.mark.parametrize("action", ["crash", "raise"])
 def test_a_failure_in_the_middle_of_the_staging_write_counts_nothing_and_the_rerun_publishes(
         action, files_pipeline, tmp_path, tally):
@@ -192,7 +210,7 @@ def test_a_failure_in_the_middle_of_the_staging_write_counts_nothing_and_the_rer
         [staging] = stagings(p)
         # The writer died with its file half written: under a hidden name only, which nothing counts.
         data = os.path.join(p.root, STAGING_DIR, staging, "data")
-        assert all(n.startswith(".") for n in os.listdir(data)) and os.listdir(data), os.listdir(data)
+        assert all(n.startswith(".") for n in listed(data)) and listed(data), listed(data)
         with psycopg.connect(p.url) as conn:
             assert conn.execute("SELECT state FROM eos.attempts WHERE pipeline = %s", (p.name,)).fetchone() == ("open",)
     else:

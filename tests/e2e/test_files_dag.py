@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+import uuid
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from airflow_eos import FileTarget
 from airflow_eos.core.ledger import Ledger
+from airflow_eos.targets.files.storage import files_for
 from airflow_eos.verify import verify
 
 from harness.full_disk import fill, small_file_system
@@ -40,11 +42,20 @@ def run_after():
 
 
 @pytest.fixture
-def root(tmp_path, monkeypatch):
-    """The example DAG's root, this test's own (read when the DAG file is parsed)."""
-    path = tmp_path / "lake" / "orders"
+def root(request, tmp_path, monkeypatch):
+    """The example DAG's root, this test's own (read when the DAG file is parsed):
+    a local directory, or (``indirect`` parameter "hdfs") an hdfs:// URL on the
+    session's HDFS."""
+    if getattr(request, "param", "local") == "hdfs":
+        path = f"{request.getfixturevalue('hdfs').address}/lake/{uuid.uuid4().hex}/orders"
+    else:
+        path = tmp_path / "lake" / "orders"
     monkeypatch.setenv("EOS_ORDERS_FILES_ROOT", str(path))
     return path
+
+
+def listed(directory) -> list[str]:
+    return [e.name for e in files_for(str(directory)).entries(str(directory))]
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +91,7 @@ def expected_lineage(pg_url, pipeline=PIPELINE) -> list[tuple]:
 
 def read_back(spark, root) -> list[tuple]:
     """(topic, partition, offset) of every row ``spark.read.parquet(root)`` returns."""
-    if not [e for e in os.listdir(root) if not e.startswith(("_", "."))]:
+    if not [e for e in listed(root) if not e.startswith(("_", "."))]:
         return []
     rows = spark.read.parquet(str(root)).select("eos_topic", "eos_partition", "eos_offset").collect()
     return [tuple(r) for r in rows]
@@ -96,7 +107,7 @@ def assert_published_exactly(spark, pg_url, root, pipeline=PIPELINE) -> list[tup
 
 def staging_left(root) -> list[str]:
     try:
-        return os.listdir(root / "_eos_staging")
+        return listed(f"{root}/_eos_staging")
     except FileNotFoundError:
         return []
 
@@ -118,6 +129,7 @@ def skipped_rerun_summary(run) -> dict:
     return summary
 
 
+@pytest.mark.parametrize("root", ["local", "hdfs"], indirect=True)
 def test_windows_are_published_as_partition_directories_once(airflow_connections, kafka_config, topics, run_after,
                                                               root, spark):
     two_windows_are_published_as_partition_directories_once(airflow_connections, kafka_config, topics, run_after,
@@ -143,7 +155,7 @@ def two_windows_are_published_as_partition_directories_once(pg_url, kafka_config
         assert (w.published_rows, w.dead_letters) == (counts["good"][h], counts["bad"][h])
     seen = assert_published_exactly(spark, pg_url, root)
     assert len(seen) == counts["good"][0] + counts["good"][1]
-    assert sorted(e for e in os.listdir(root) if not e.startswith("_")) == [
+    assert sorted(e for e in listed(root) if not e.startswith("_")) == [
         "eos_window_start=2026-03-01T00%3A00%3A00Z", "eos_window_start=2026-03-01T01%3A00%3A00Z"]
     df = spark.read.parquet(str(root))
     assert sorted(df.columns) == sorted(["order_id", "customer", "amount", "eos_topic", "eos_partition",

@@ -5,11 +5,13 @@ the same tests for every kind that ``airflow_eos.core.target`` registers, as
 Spark's and Flink's connector test bases do for each connector that supplies
 its environment. A new target registers its kind and adds its entry to
 :data:`CONTRACT_TARGETS` below (the suite fails for a registered kind
-without one)."""
+without one); a kind that lives on more than one kind of store has an entry
+per store (the file target: a local directory, HDFS)."""
 
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -94,6 +96,17 @@ class FilesContract(ContractTarget):
         return FileTarget(path=str(root), ledger_url=services.pg_url, on_committed=on_committed)
 
 
+class FilesOnHdfsContract(FilesContract):
+    """The file target with its root on HDFS (the session's mini-cluster)."""
+
+    def spec(self, services: Services, on_committed: str = "skip") -> TargetSpec:
+        from airflow_eos.targets.files import FileTarget
+        from airflow_eos.targets.files.storage import files_for
+        root = f"{services.fixture('hdfs').address}/lake/{uuid.uuid4().hex}"
+        files_for(root).makedirs(root)
+        return FileTarget(path=root, ledger_url=services.pg_url, on_committed=on_committed)
+
+
 class KafkaContract(ContractTarget):
     kind = "kafka"
     on_committed = ("skip",)  # a topic is append-only: the spec refuses "replace"
@@ -131,5 +144,15 @@ class IcebergContract(ContractTarget):
         return IcebergTarget(table="contract.orders", ledger_url=services.pg_url, on_committed=on_committed)
 
 
-CONTRACT_TARGETS: dict[str, ContractTarget] = {c.kind: c for c in (PostgresContract(), FilesContract(),
-                                                                      KafkaContract(), IcebergContract())}
+
+# by test id: the kind, or the kind and its store
+CONTRACT_TARGETS: dict[str, ContractTarget] = {"postgres": PostgresContract(), "files": FilesContract(),
+                                               "files-hdfs": FilesOnHdfsContract(), "kafka": KafkaContract(),
+                                               "iceberg": IcebergContract()}
+
+
+def contract_ids(kinds: list[str]) -> list[str]:
+    """The contract's test ids for the registered ``kinds``: each kind's
+    entries, and a kind without one as itself (its tests fail, saying so)."""
+    ids = [name for name, c in CONTRACT_TARGETS.items() if c.kind in kinds]
+    return ids + [k for k in kinds if not any(c.kind == k for c in CONTRACT_TARGETS.values())]

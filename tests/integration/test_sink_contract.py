@@ -24,7 +24,7 @@ from airflow_eos.core.errors import AttemptClosed, AttemptFenced, ConfigurationE
 from airflow_eos.core.faults import FaultInjected, injected
 from airflow_eos.core.target import registered_kinds
 from airflow_eos.core.windows import TopicPartition
-from harness.sink_contract import CONTRACT_TARGETS, PARTITIONS, ContractTarget, Services
+from harness.sink_contract import CONTRACT_TARGETS, PARTITIONS, ContractTarget, Services, contract_ids
 
 PIPELINE = "contract_hourly"
 PER_WINDOW = 5  # records per window and source partition (freeze_windows' default)
@@ -83,7 +83,7 @@ def lineage(*plans):
                   for o in range(r.start_offset, r.end_offset))
 
 
-@pytest.fixture(params=registered_kinds())
+@pytest.fixture(params=contract_ids(registered_kinds()))
 def target(request) -> ContractTarget:
     if request.param not in CONTRACT_TARGETS:
         pytest.fail(f"target kind {request.param!r} is registered but the contract suite cannot make one: add it "
@@ -241,7 +241,7 @@ def test_a_rerun_of_a_committed_window_replaces_it_where_the_target_can(target, 
 # --------------------------------------------------------------------------- failures
 
 
-KIND_POINTS = [(kind, point) for kind in registered_kinds() if kind in CONTRACT_TARGETS
+KIND_POINTS = [(kind, point) for kind in contract_ids(registered_kinds()) if kind in CONTRACT_TARGETS
                for point in sorted(CONTRACT_TARGETS[kind].commit_points)]
 
 

@@ -10,7 +10,7 @@ returns and the dead letters in the ledger, against the records produced.
 from __future__ import annotations
 
 import json
-import os
+import uuid
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
@@ -22,6 +22,7 @@ from airflow_eos.core.errors import AttemptClosed
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.windows import PartitionRange, TopicPartition, Window, WindowPlan
 from airflow_eos.targets.files import FileTarget
+from airflow_eos.targets.files.storage import files_for
 from airflow_eos.targets.files.writer import STAGING_DIR
 from airflow_eos.verify import verify
 
@@ -65,10 +66,20 @@ def orders(topics):
 
 
 @pytest.fixture
-def root(tmp_path):
+def root(request, tmp_path):
+    """A fresh root: a local directory, or (``indirect`` parameter "hdfs") one
+    on the session's HDFS; as the path or URL a FileTarget is given."""
+    if getattr(request, "param", "local") == "hdfs":
+        url = f"{request.getfixturevalue('hdfs').address}/lake/{uuid.uuid4().hex}/orders"
+        files_for(url).makedirs(url)
+        return url
     path = tmp_path / "lake" / "orders"
     path.mkdir(parents=True)
-    return path
+    return str(path)
+
+
+def listed(directory) -> list[str]:
+    return [e.name for e in files_for(str(directory)).entries(str(directory))]
 
 
 def planned(pg_url, topic) -> WindowPlan:
@@ -88,7 +99,7 @@ def execute(url, statement, params=None):
 
 def published_lineage(spark, root) -> list[tuple]:
     """What a reader of the root sees (Spark skips names starting with "_" or ".")."""
-    if not [e for e in os.listdir(root) if not e.startswith(("_", "."))]:
+    if not [e for e in listed(root) if not e.startswith(("_", "."))]:
         return []  # Spark cannot read a root without a visible file
     rows = spark.read.parquet(str(root)).select("eos_topic", "eos_partition", "eos_offset").collect()
     return [tuple(r) for r in rows]
@@ -103,7 +114,8 @@ def without_keys(transform):
     return lambda df: fn(df).drop("key", "value")
 
 
-@pytest.mark.parametrize("raw", ["from the transform", "read back"])
+@pytest.mark.parametrize("raw, root", [("from the transform", "local"), ("read back", "local"),
+                                       ("from the transform", "hdfs")], indirect=["root"])
 def test_a_window_is_staged_by_sparks_parquet_writer_and_published_once(spark, pg_url, ledger, kafka_config, orders,
                                                                        root, raw):
     from airflow_eos.spark import run_stage
@@ -135,7 +147,7 @@ def test_a_window_is_staged_by_sparks_parquet_writer_and_published_once(spark, p
         (t, p, o, None, truth[(t, p, o)]) for t, p, o in bad]
     with psycopg.connect(pg_url) as conn:
         assert load_offsets(conn, PIPELINE) == {TopicPartition(topic, p): PER_PARTITION for p in range(PARTITIONS)}
-    assert os.listdir(root / STAGING_DIR) == []
+    assert listed(f"{root}/{STAGING_DIR}") == []
     audit = verify(ledger, kafka_config, sink, PIPELINE)
     assert audit.clean, str(audit)
     assert (audit.totals.published_rows, audit.totals.dead_letters) == (len(good), len(bad))
@@ -158,7 +170,7 @@ def test_too_many_dead_letters_fail_the_job_clearly_and_stage_nothing(spark, pg_
             and "attempt aborted, staging dropped" in message), message
     t, p, o = bad[0]
     assert f"{t}[{p}] offset {o}: malformed order" in message
-    assert os.listdir(root / STAGING_DIR) == []
+    assert listed(f"{root}/{STAGING_DIR}") == []
     with pytest.raises(AttemptClosed):
         sink.prepare(attempt)
 

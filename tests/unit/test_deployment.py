@@ -152,6 +152,19 @@ def test_one_spark_version_everywhere():
     assert f"<spark.version>{pins['pyspark']}</spark.version>" in pom
 
 
+def test_the_hdfs_of_the_tests_is_the_hadoop_release_of_sparks_client():
+    """The mini-cluster's jars (Maven) are the release of the Hadoop client PySpark ships: Spark's
+    hdfs:// paths in the tests talk to the NameNode of that release."""
+    from airflow_eos.embedded import HADOOP_VERSION
+
+    pom = (ROOT / "scripts" / "hdfs" / "pom.xml").read_text()
+    assert f"<hadoop.version>{HADOOP_VERSION}</hadoop.version>" in pom
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    assert [p.name for p in jars.glob("hadoop-client-api-*.jar")] == [f"hadoop-client-api-{HADOOP_VERSION}.jar"]
+
+
 def test_a_kafka_cluster_id_never_starts_with_a_dash():
     """The StorageTool reads an id starting with "-" as an option: one broker start in 64 failed so in a soak."""
     from airflow_eos.embedded import cluster_id

@@ -36,10 +36,19 @@ def test_object_stores_are_refused_saying_why(path, store):
 
 @pytest.mark.parametrize("path, why", [
     ("", "needs path"), ("relative/dir", "relative"), ("/", "file system's root"),
-    ("file://otherhost/x", "must be local"), ("ftp://h/x", "does not know the scheme"), ("hdfs://nn/x", "HDFS")])
+    ("file://otherhost/x", "must be local"), ("ftp://h/x", "does not know the scheme"), ("viewfs://c/x", "not support HDFS \\(viewfs\\)"),
+    ("webhdfs://nn:9870/x", "not support WebHDFS"), ("hdfs:///x", "names no NameNode"), ("hdfs://nn:8020/", "root"),
+    ("hdfs://nn:8020/x?y=1", "no query")])
 def test_other_bad_roots_are_refused(path, why):
     with pytest.raises(ConfigurationError, match=why):
         FileTarget(path=path)
+
+
+def test_an_hdfs_root_is_its_normalised_url():
+    spec = FileTarget(path="hdfs://nn:8020/lake/./orders/")
+    assert spec.root == "hdfs://nn:8020/lake/orders"
+    assert spec.target_id == "files:hdfs://nn:8020/lake/orders" and spec.target_aliases == ()
+    assert FileTarget(path="hdfs://nn:8020/lake/a b").asset_uri == "hdfs://nn:8020/lake/a%20b"
 
 
 def test_a_path_and_its_file_url_are_one_target():

@@ -10,7 +10,6 @@ from datetime import datetime, timedelta, timezone
 
 from airflow_eos.core.attempt import ABORTED, Attempt
 from airflow_eos.core.windows import Window
-from airflow_eos.targets.files import fs
 from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.writer import COMMIT_FILE, PUBLISH
 
@@ -33,7 +32,7 @@ class FileAbort(FileSinkFields):
 
     def _remove_staging(self, attempt: Attempt) -> None:
         staging = self.staging_dir(attempt)
-        if not fs.remove_tree(staging):
+        if not self.files.remove_tree(staging):
             log.warning("%s: could not delete all of %s (a writer still adding files?); the sweep deletes it",
                         attempt, staging)
 
@@ -51,7 +50,7 @@ class FileAbort(FileSinkFields):
                 (window.end, window.pipeline, window.start, ABORTED)).fetchall()
         for row in ended:
             attempt = Attempt(*row)
-            if os.path.lexists(self.staging_dir(attempt)):
+            if self.files.lexists(self.staging_dir(attempt)):
                 log.info("%s was aborted before; deleting what is left of its staging", attempt)
                 self._remove_staging(attempt)
         return aborted
@@ -62,7 +61,7 @@ class FileAbort(FileSinkFields):
         pipeline claimed for no target (planned without its target) is this
         root's exactly when it has one here. Another target's attempt (a
         PostgreSQL one staging in ``eos_staging``) is never aborted here."""
-        return os.path.isdir(self.staging_dir(attempt))
+        return self.files.is_dir(self.staging_dir(attempt))
 
     def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
         """Abort this root's attempts live longer than ``older_than`` (see
@@ -78,7 +77,7 @@ class FileAbort(FileSinkFields):
 
     def _delete_orphans(self, older_than: timedelta, now: datetime) -> None:
         try:
-            names = [e.name for e in os.scandir(self.staging_root) if e.is_dir(follow_symlinks=False)]
+            names = [e.name for e in self.files.entries(self.staging_root) if e.is_dir]
         except FileNotFoundError:
             names = []
         with self.ledger.connect() as conn, conn.transaction():
@@ -91,20 +90,28 @@ class FileAbort(FileSinkFields):
         for name in names:
             path = os.path.join(self.staging_root, name)
             owner = owners.get(name)
-            if owner == "live" or (owner is None and os.stat(path).st_mtime > cutoff):
+            if owner == "live" or (owner is None and self.files.mtime(path) > cutoff):
                 continue
             log.info("sweep: deleting staging directory %s (%s)", path, "its attempt ended" if owner else
                      "no attempt owns it")
             self._retire(path)  # a replace that died before moving the old version out: keep it its retention
-            fs.remove_tree(path)
+            self.files.remove_tree(path)
         self.delete_expired_trash()
 
     # ------------------------------------------------------------------ replaced versions
 
+    def retired_path(self, staging: str) -> str:
+        """Where the window's old version goes when the attempt of ``staging``
+        replaces it: the trash, named by the time it was replaced, to be
+        deleted after ``replaced_retention_s``."""
+        stamp = datetime.now(timezone.utc).strftime(TRASH_STAMP)
+        return os.path.join(self.trash_root, f"{stamp}-{os.path.basename(staging)}")
+
     def retire_old_version(self, attempt: Attempt) -> None:
-        """After a replace, the window's old version sits where the attempt's
-        staging was (the exchange swapped them): move it to the trash, named by
-        the time it was replaced, to be deleted after ``replaced_retention_s``.
+        """After a local replace that died between its exchange and its move
+        to the trash, the window's old version sits where the attempt's
+        staging was (the exchange swapped them): move it to the trash
+        (:meth:`retired_path`).
 
         Not deleted at once: a reader whose listing of the partition began
         just before the exchange goes on listing the old directory; deleting
@@ -120,12 +127,11 @@ class FileAbort(FileSinkFields):
         """Move the old version a staging directory holds after an exchange
         (its ``publish/`` with a commit file) to the trash; False if none."""
         swapped_out = os.path.join(staging, PUBLISH)
-        if not os.path.isfile(os.path.join(swapped_out, COMMIT_FILE)):
+        if not self.files.is_file(os.path.join(swapped_out, COMMIT_FILE)):
             return False
-        os.makedirs(self.trash_root, exist_ok=True)
-        stamp = datetime.now(timezone.utc).strftime(TRASH_STAMP)
-        os.rename(swapped_out, os.path.join(self.trash_root, f"{stamp}-{os.path.basename(staging)}"))
-        fs.fsync_dir(self.trash_root)
+        self.files.makedirs(self.trash_root)
+        self.files.rename(swapped_out, self.retired_path(staging))
+        self.files.sync_dir(self.trash_root)
         return True
 
     def delete_expired_trash(self, now: float | None = None) -> list[str]:
@@ -136,7 +142,7 @@ class FileAbort(FileSinkFields):
         now = time.time() if now is None else now
         deleted = []
         try:
-            entries = list(os.scandir(self.trash_root))
+            entries = self.files.entries(self.trash_root)
         except FileNotFoundError:
             return deleted
         for entry in entries:
@@ -144,10 +150,10 @@ class FileAbort(FileSinkFields):
                 replaced = datetime.strptime(entry.name.split("-", 1)[0], TRASH_STAMP).replace(
                     tzinfo=timezone.utc).timestamp()
             except ValueError:
-                replaced = entry.stat(follow_symlinks=False).st_mtime
+                replaced = entry.mtime
             if now - replaced >= self.replaced_retention_s:
                 log.info("deleting %s: replaced %.0f s ago, past the retention of %.0f s", entry.path,
                          now - replaced, self.replaced_retention_s)
-                fs.remove_tree(entry.path)
+                self.files.remove_tree(entry.path)
                 deleted.append(entry.name)
         return deleted

@@ -107,7 +107,7 @@ class FileCommit(FileSinkFields):
     def _sealed_data(self, attempt: Attempt, manifest: Sequence[ManifestFile]) -> Iterable[StagedFile]:
         for m in manifest:
             if m.kind == "data":
-                _, schema = read_footer(os.path.join(self.staging_dir(attempt), m.path))
+                _, schema = read_footer(self.files, os.path.join(self.staging_dir(attempt), m.path))
                 yield StagedFile(m.kind, os.path.dirname(m.path), m.name, m.bytes, m.rows, schema)
 
     def _read_dead_letters(self, attempt: Attempt, manifest: Sequence[ManifestFile]) -> list[tuple]:
@@ -116,7 +116,8 @@ class FileCommit(FileSinkFields):
         for m in manifest:
             if m.kind != "dead_letters":
                 continue
-            table = pq.read_table(os.path.join(self.staging_dir(attempt), m.path), columns=list(DEAD_LETTER_COLUMNS))
+            with self.files.open_input(os.path.join(self.staging_dir(attempt), m.path)) as f:
+                table = pq.read_table(f, columns=list(DEAD_LETTER_COLUMNS))
             for r in table.to_pylist():
                 dead.append(tuple(r[c] for c in DEAD_LETTER_COLUMNS))
         return dead
@@ -165,7 +166,7 @@ class FileCommit(FileSinkFields):
                 raise TargetError(f"{destination} was published by {attempt} but lacks {', '.join(missing)}: "
                                   "someone removed published files; replace the window (on_committed='replace')")
             return COMPLETE
-        if not os.path.isdir(source) or self._files_missing(source, doc):
+        if not self.files.is_dir(source) or self._files_missing(source, doc):
             found = (f"holds attempt {there['epoch']}" if there is not None else "does not exist")
             raise TargetError(
                 f"cannot publish {attempt}: neither its partition {destination} ({found}) nor its staging {source} "
@@ -174,48 +175,43 @@ class FileCommit(FileSinkFields):
                 "on_committed='replace'")
         self.write_commit_file(source, doc)
         if there is None:
-            os.makedirs(os.path.dirname(destination), exist_ok=True)
+            self.files.makedirs(os.path.dirname(destination))
             try:
-                fs.rename_noreplace(source, destination)
+                self.files.rename_noreplace(source, destination)
             except FileExistsError:  # it appeared since read_partition: check it again, never overwrite
                 self.read_partition(destination, attempt)
                 raise TargetError(f"{destination} appeared while publishing {attempt}; retry the commit") from None
-            fs.fsync_dir(os.path.dirname(destination))
+            self.files.sync_dir(os.path.dirname(destination))
             fault_point("commit.after_rename")
             log.info("%s: published %s", attempt, destination)
             return RENAMED
         try:
-            fs.rename_exchange(source, destination)
+            self.files.replace(source, destination, self.retired_path(self.staging_dir(attempt)))
         except fs.RenameUnsupported as exc:
             raise TargetError(
                 f"cannot replace {destination} atomically: {exc.strerror}. on_committed='replace' needs Linux's "
                 "renameat2(RENAME_EXCHANGE) on a file system that supports it (ext4, xfs, btrfs, tmpfs); two "
                 "renames would leave readers a moment without the window, so nothing was changed") from exc
-        fs.fsync_dir(os.path.dirname(destination))
-        fs.fsync_dir(os.path.dirname(source))
         fault_point("commit.after_rename")
-        log.info("%s: replaced attempt %s's files in %s in one atomic exchange", attempt, there["epoch"],
-                 destination)
+        log.info("%s: replaced attempt %s's files in %s (its old version kept in %s for %.0f s)", attempt,
+                 there["epoch"], destination, self.trash_root, self.replaced_retention_s)
         return EXCHANGED
 
-    @staticmethod
-    def write_commit_file(directory: str, doc: Mapping[str, Any]) -> None:
+    def write_commit_file(self, directory: str, doc: Mapping[str, Any]) -> None:
         path = os.path.join(directory, COMMIT_FILE)
         data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
         try:
-            with open(path, "rb") as f:
-                if f.read() == data:
-                    return
+            if self.files.read_bytes(path) == data:
+                return
         except FileNotFoundError:
             pass
-        fs.write_atomically(path, data)
+        self.files.write_atomically(path, data)
 
-    @staticmethod
-    def _files_missing(directory: str, doc: Mapping[str, Any]) -> list[str]:
+    def _files_missing(self, directory: str, doc: Mapping[str, Any]) -> list[str]:
         missing = []
         for f in doc["files"]:
             try:
-                size = os.stat(os.path.join(directory, f["name"])).st_size
+                size = self.files.size(os.path.join(directory, f["name"]))
             except FileNotFoundError:
                 missing.append(f["name"])
                 continue
@@ -229,7 +225,7 @@ class FileCommit(FileSinkFields):
         for this window (no manifest, or another's) is never touched: a
         TargetError says what is there, and (``decided``: the window is
         committed in the ledger already, or not yet) what that means."""
-        if not os.path.lexists(directory):
+        if not self.files.lexists(directory):
             return None
         foreign = (f"{directory} exists but was not published by pipeline {attempt.pipeline!r} for window "
                    f"{attempt.window_start.isoformat()}")
@@ -242,11 +238,10 @@ class FileCommit(FileSinkFields):
             advice = ("it is never overwritten. Nothing was decided: the window is not committed and the pipeline's "
                       "offsets did not move. Move the directory away (or choose another root or layout), then retry "
                       "the commit task (or clear the run)")
-        if not os.path.isdir(directory) or os.path.islink(directory):
+        if not self.files.is_dir(directory) or self.files.is_link(directory):
             raise TargetError(f"{foreign}: it is not a directory; {advice}")
         try:
-            with open(os.path.join(directory, COMMIT_FILE), "rb") as f:
-                doc = json.loads(f.read())
+            doc = json.loads(self.files.read_bytes(os.path.join(directory, COMMIT_FILE)))
         except FileNotFoundError:
             raise TargetError(f"{foreign}: it has no {COMMIT_FILE}; {advice}") from None
         except ValueError as exc:

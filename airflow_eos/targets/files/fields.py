@@ -5,6 +5,11 @@ this base says what they are."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_eos.targets.files.storage import Files
+
 
 class FileSinkFields:
     """What every part of a FileSink may read (set by the dataclass)."""
@@ -15,3 +20,4 @@ class FileSinkFields:
     on_committed: str  # "skip" or "replace"
     format: str  # "parquet"
     replaced_retention_s: float  # how long a replaced window's old version is kept
+    files: Files  # the file system that holds the root (a property of the sink)

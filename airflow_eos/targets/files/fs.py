@@ -9,6 +9,8 @@
 - :func:`write_atomically`: a file appears whole or not at all (temp name,
   fsync, rename, fsync of the directory).
 - :func:`fsync_dir`: make a rename durable.
+- :class:`Entry`: one name in a directory, as every file system lists it
+  (``storage.py``).
 """
 
 from __future__ import annotations
@@ -20,11 +22,24 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "arm64": 276, "ppc64le": 357, "s390x": 347, "riscv64": 276}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One name in a directory."""
+
+    name: str
+    path: str
+    is_dir: bool  # a directory (a symlink to one is not)
+    is_file: bool  # a regular file (a symlink to one is not)
+    size: int
+    mtime: float  # seconds since the epoch
 
 
 class RenameUnsupported(OSError):

@@ -19,10 +19,8 @@ ledger) and its claim recorded in the root itself.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -32,12 +30,16 @@ from airflow_eos.core.errors import TargetError
 if TYPE_CHECKING:
     import psycopg
 
+    from airflow_eos.targets.files.storage import Files
+
 ROOT_CLAIM = "_eos_root.json"
 ROOT_CLAIM_FORMAT = "airflow-eos/files-root/1"
 
 
 def root_id(root: str) -> str:
-    """``files:`` and the real directory (symlinks resolved)."""
+    """``files:`` and the real directory (symlinks resolved); an hdfs:// root as it is (normalised by the spec)."""
+    if "://" in root:
+        return "files:" + root
     return "files:" + os.path.realpath(root)
 
 
@@ -75,12 +77,11 @@ def ledger_identity(conn: psycopg.Connection) -> tuple[str, str]:
     return created.astimezone(timezone.utc).isoformat(), where
 
 
-def read_root_claim(root: str) -> RootClaim | None:
+def read_root_claim(files: Files, root: str) -> RootClaim | None:
     """The root's claim, or None if it has none; TargetError if unreadable."""
     path = os.path.join(root, ROOT_CLAIM)
     try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read())
+        doc = json.loads(files.read_bytes(path))
         if doc.get("format") != ROOT_CLAIM_FORMAT:
             raise ValueError(f"format {doc.get('format')!r}, not {ROOT_CLAIM_FORMAT!r}")
         return RootClaim(**{k: doc.get(k) for k in RootClaim.__dataclass_fields__ if k in doc})
@@ -91,13 +92,13 @@ def read_root_claim(root: str) -> RootClaim | None:
                           "delete it if no other pipeline publishes into this root") from None
 
 
-def claim_root(root: str, wanted: RootClaim) -> RootClaim:
+def claim_root(files: Files, root: str, wanted: RootClaim) -> RootClaim:
     """Record ``wanted`` as the root's claim if it has none (atomically: of
     two pipelines claiming at once, one wins), or check that the recorded
     one admits it; TargetError, saying who holds the root, otherwise."""
-    claim = read_root_claim(root)
+    claim = read_root_claim(files, root)
     if claim is None:
-        claim = _create(root, wanted) or read_root_claim(root)
+        claim = _create(files, root, wanted) or read_root_claim(files, root)
     problem = _conflict(claim, wanted)
     if problem:
         path = os.path.join(root, ROOT_CLAIM)
@@ -120,24 +121,14 @@ def _conflict(claim: RootClaim, wanted: RootClaim) -> str | None:
     return None
 
 
-def _create(root: str, wanted: RootClaim) -> RootClaim | None:
-    """Write the claim unless one exists (link(2) never replaces); None if
+def _create(files: Files, root: str, wanted: RootClaim) -> RootClaim | None:
+    """Write the claim unless one exists (never replacing one); None if
     another was there first."""
     claim = RootClaim(wanted.ledger, wanted.ledger_at, wanted.pipeline, wanted.layout,
                       datetime.now(timezone.utc).isoformat())
-    final = os.path.join(root, ROOT_CLAIM)
-    tmp = os.path.join(root, f".{ROOT_CLAIM}.{secrets.token_hex(6)}.tmp")
-    with open(tmp, "wb") as f:
-        f.write((json.dumps(asdict(claim), indent=1, sort_keys=True) + "\n").encode())
-        f.flush()
-        os.fsync(f.fileno())
     try:
-        os.link(tmp, final)
+        files.create_exclusive(os.path.join(root, ROOT_CLAIM),
+                               (json.dumps(asdict(claim), indent=1, sort_keys=True) + "\n").encode())
     except FileExistsError:
         return None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-    from airflow_eos.targets.files import fs
-    fs.fsync_dir(root)
     return claim

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     import psycopg
     from psycopg import sql
 
+    from airflow_eos.targets.files.storage import Files
+
 
 class FilePublished(FileSinkFields):
     """``published_partitions`` and ``published_relation`` of
@@ -34,12 +36,11 @@ class FilePublished(FileSinkFields):
         ``_eos_commit.json`` names ``pipeline``: what a reader of the root
         sees of the pipeline. Hidden directories are skipped as readers skip them."""
         found = []
-        for directory, dirs, files in os.walk(self.root):
+        for directory, dirs, files in self.files.walk(self.root):
             dirs[:] = sorted(d for d in dirs if visible(d))
             if COMMIT_FILE in files:
                 try:
-                    with open(os.path.join(directory, COMMIT_FILE), "rb") as f:
-                        doc = json.loads(f.read())
+                    doc = json.loads(self.files.read_bytes(os.path.join(directory, COMMIT_FILE)))
                 except (OSError, ValueError):
                     continue
                 if doc.get("format") == COMMIT_FORMAT and doc.get("pipeline") == pipeline:
@@ -48,7 +49,7 @@ class FilePublished(FileSinkFields):
 
     def _require_root(self, conn: psycopg.Connection, pipeline: str) -> None:
         """A vanished root is said as such, not as every record missing."""
-        if os.path.isdir(self.root):
+        if self.files.is_dir(self.root):
             return
         published = conn.execute(
             "SELECT count(*) FROM eos.publications WHERE target = ANY(%s) AND pipeline = %s AND state = 'published'",
@@ -74,17 +75,17 @@ class FilePublished(FileSinkFields):
             "SELECT pipeline, location FROM eos.publications WHERE target = ANY(%s) AND state = 'published'",
             (self.target_ids,))} if shared else set()
         found = []
-        for directory, dirs, files in os.walk(self.root):
+        for directory, dirs, files in self.files.walk(self.root):
             dirs[:] = sorted(d for d in dirs if visible(d))
             names = sorted(f for f in files if visible(f))
-            doc = _commit_doc(directory) if COMMIT_FILE in files else None
+            doc = _commit_doc(self.files, directory) if COMMIT_FILE in files else None
             owner = doc.get("pipeline") if doc else None
             location = os.path.relpath(directory, self.root)
             if not names or owner == pipeline or (owner, location) in known:
                 continue
             for name in names:
                 path = os.path.join(directory, name)
-                rows, origin = _origin(path, doc, shared)
+                rows, origin = _origin(self.files, path, doc, shared)
                 held = f"holds {rows} row(s)" if rows is not None else "is a file"
                 found.append(ForeignRecord(path, f"{held} that readers of {self.root} see and no committed window "
                                                  f"of pipeline {pipeline!r} accounts for: {origin}", rows=rows))
@@ -109,15 +110,18 @@ class FilePublished(FileSinkFields):
         name = f"eos_published_{secrets.token_hex(6)}"
         tables: list[tuple[str, pa.Table]] = []
         for directory, doc in self.published_partitions(pipeline):
-            for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-                if not visible(entry.name) or not entry.is_file():
+            for entry in self.files.entries(directory):
+                if not visible(entry.name) or not self.files.is_file(entry.path):
                     continue
-                names = pq.read_schema(entry.path).names
-                absent = [c for c in wanted if c not in names]
-                if absent:
-                    raise TargetError(f"{entry.path} has no column(s) {absent}: verify needs the lineage columns "
-                                      f"{list(LINEAGE_COLUMNS)} (a record-level pipeline) and the columns asked for")
-                tables.append((to_utc(doc["window_start"]).isoformat(), pq.read_table(entry.path, columns=wanted)))
+                with self.files.open_input(entry.path) as f:
+                    names = pq.read_schema(f).names
+                    absent = [c for c in wanted if c not in names]
+                    if absent:
+                        raise TargetError(f"{entry.path} has no column(s) {absent}: verify needs the lineage columns "
+                                          f"{list(LINEAGE_COLUMNS)} (a record-level pipeline) and the columns asked "
+                                          "for")
+                    f.seek(0)
+                    tables.append((to_utc(doc["window_start"]).isoformat(), pq.read_table(f, columns=wanted)))
         types = {c: _pg_type(next((t.schema.field(c).type for _, t in tables), pa.string())) for c in extra}
         conn.execute(sql.SQL("CREATE TEMP TABLE {} (eos_pipeline text NOT NULL, eos_window_start timestamptz NOT NULL,"
                              " eos_topic text, eos_partition integer, eos_offset bigint{})").format(
@@ -136,20 +140,20 @@ class FilePublished(FileSinkFields):
         return sql.Identifier(name)
 
 
-def _commit_doc(directory: str) -> dict[str, Any] | None:
+def _commit_doc(files: Files, directory: str) -> dict[str, Any] | None:
     try:
-        with open(os.path.join(directory, COMMIT_FILE), "rb") as f:
-            doc = json.loads(f.read())
+        doc = json.loads(files.read_bytes(os.path.join(directory, COMMIT_FILE)))
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("format") == COMMIT_FORMAT else None
 
 
-def _origin(path: str, doc: dict[str, Any] | None, shared: bool) -> tuple[int | None, str]:
+def _origin(files: Files, path: str, doc: dict[str, Any] | None, shared: bool) -> tuple[int | None, str]:
     """(rows, where they came from) of a data file nobody committed here."""
     import pyarrow.parquet as pq
     try:
-        meta = pq.read_metadata(path)
+        with files.open_input(path) as f:
+            meta = pq.read_metadata(f)
     except Exception as exc:  # noqa: BLE001 - whatever the file is, readers fail on it the same way
         return None, f"not a Parquet file ({type(exc).__name__}): spark.read.parquet and pyarrow fail on it"
     if doc is not None:
@@ -157,17 +161,19 @@ def _origin(path: str, doc: dict[str, Any] | None, shared: bool) -> tuple[int | 
                else "a second pipeline's rows in a root of one pipeline")
         return meta.num_rows, (f"{COMMIT_FILE} names pipeline {doc.get('pipeline')!r}, window "
                                f"{doc.get('window_start')}, attempt {doc.get('epoch')}: {why}")
-    return meta.num_rows, "no " + COMMIT_FILE + " (not published by airflow-eos, or a leftover)" + _lineage(path, meta)
+    return (meta.num_rows, "no " + COMMIT_FILE + " (not published by airflow-eos, or a leftover)"
+            + _lineage(files, path, meta))
 
 
-def _lineage(path: str, meta) -> str:
+def _lineage(files: Files, path: str, meta) -> str:
     """What the file's lineage columns say of its rows' sources, if it has them."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
     names = meta.schema.names
     if not all(c in names for c in LINEAGE_COLUMNS) or not meta.num_rows:
         return "; it has no lineage columns" if meta.num_rows else ""
-    table = pq.read_table(path, columns=[c for c in (*LINEAGE_COLUMNS, "eos_pipeline") if c in names])
+    with files.open_input(path) as f:
+        table = pq.read_table(f, columns=[c for c in (*LINEAGE_COLUMNS, "eos_pipeline") if c in names])
     said = []
     if "eos_pipeline" in names:
         said.append("pipeline(s) " + ", ".join(sorted(map(str, pc.unique(table["eos_pipeline"]).to_pylist()))))

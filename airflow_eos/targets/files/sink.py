@@ -49,6 +49,7 @@ from airflow_eos.targets.files.identity import root_aliases, root_id
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION
 from airflow_eos.targets.files.published import LINEAGE_COLUMNS, FilePublished
 from airflow_eos.targets.files.staging import FileStaging, ManifestFile
+from airflow_eos.targets.files.storage import Files, files_for
 
 __all__ = ["COMMIT_FORMAT", "COMPLETE", "DECIDED", "EXCHANGED", "LINEAGE_COLUMNS", "PUBLISHED_STATE", "RENAMED",
            "SUPERSEDED", "SUPERSEDED_HOW", "FileSink", "ManifestFile"]
@@ -72,6 +73,10 @@ class FileSink(FileStaging, FileCommit, FileAbort, FilePublished, PublishedAfter
     on_committed: str = "skip"
     format: str = "parquet"
     replaced_retention_s: float = DEFAULT_REPLACED_RETENTION.total_seconds()
+
+    @property
+    def files(self) -> Files:
+        return files_for(self.root)
 
     @property
     def ledger(self) -> Ledger:  # type: ignore[override]

@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 from airflow_eos.core.database import redact
 from airflow_eos.core.errors import ConfigurationError
 from airflow_eos.core.target import DEFAULT_CONN_IDS, PATH, POSTGRES, ConnectionRef, TargetSpec, uri_part
+from airflow_eos.targets.files.hdfs import hdfs_root
 from airflow_eos.targets.files.identity import root_aliases, root_id
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION, Layout
 
@@ -42,13 +43,15 @@ OBJECT_STORES = {
     "r2": "Cloudflare R2", "minio": "MinIO", "swift": "OpenStack Swift", "b2": "Backblaze B2",
     "az": "Azure Blob Storage", "azure": "Azure Blob Storage", "http": "HTTP", "https": "HTTP",
 }
-# Hadoop file systems that do rename a directory atomically: supported by the
-# protocol, not by this version of the sink (it uses the local POSIX calls).
-ATOMIC_RENAME_NOT_YET = {"hdfs": "HDFS", "viewfs": "HDFS (viewfs)", "webhdfs": "WebHDFS"}
+# Hadoop file systems that do rename a directory atomically, not supported yet: viewfs (a rename
+# across two mount points fails) and WebHDFS (its RENAME is FileSystem.rename unless told otherwise).
+ATOMIC_RENAME_NOT_YET = {"viewfs": "HDFS (viewfs)", "webhdfs": "WebHDFS", "swebhdfs": "WebHDFS"}
+
 
 def local_root(path: str) -> str:
-    """The absolute local directory that ``path`` names (a path or a file://
-    URL), or ConfigurationError saying why it cannot be a FileTarget's root."""
+    """The root that ``path`` names: an absolute local directory (a path or a
+    file:// URL), or an ``hdfs://`` URL; ConfigurationError saying why it
+    cannot be a FileTarget's root."""
     if not isinstance(path, str) or not path.strip():
         raise ConfigurationError("FileTarget needs path='/absolute/directory' (the root of the published windows)")
     text = path.strip()
@@ -60,15 +63,17 @@ def local_root(path: str) -> str:
             f"FileTarget cannot publish into {text} ({OBJECT_STORES[scheme]}): an object store has no atomic "
             "rename, so a window would be published by copying objects one by one, and a reader or a crash would "
             "see it half published. Use a table format with a transaction log for object stores (Delta Lake, "
-            "Apache Iceberg, Apache Hudi); FileTarget supports local POSIX directories (a path or file://)")
+            "Apache Iceberg, Apache Hudi); FileTarget supports local POSIX directories (a path or file://) and "
+            "HDFS (hdfs://)")
     if scheme in ATOMIC_RENAME_NOT_YET:
         raise ConfigurationError(
-            f"FileTarget does not support {ATOMIC_RENAME_NOT_YET[scheme]} ({text}) yet: it renames directories "
-            "with local POSIX calls. Give a local directory (a path or file://), e.g. an HDFS NFS or FUSE mount "
-            "whose rename is atomic")
+            f"FileTarget does not support {ATOMIC_RENAME_NOT_YET[scheme]} ({text}) yet: give the cluster's "
+            "hdfs://namenode:port/directory URL (its client renames on the NameNode), or a local directory")
+    if scheme == "hdfs":
+        return hdfs_root(text)
     if scheme and scheme != "file":
         raise ConfigurationError(f"FileTarget does not know the scheme {scheme!r} of {text}: give a local "
-                                 "directory, as an absolute path or a file:// URL")
+                                 "directory, as an absolute path or a file:// URL, or an hdfs:// URL")
     if scheme == "file":
         parts = urlsplit(text)
         if parts.netloc not in ("", "localhost"):
@@ -99,8 +104,10 @@ class FileTarget(TargetSpec):
     """A directory of Parquet files, one partition directory per window, as a
     two-phase-commit target (see :mod:`airflow_eos.targets.files.sink`).
 
-    - ``path``: the root directory, local (an absolute path or ``file:///...``).
-      It must exist and be writable by the tasks and the Spark executors.
+    - ``path``: the root directory, local (an absolute path or ``file:///...``)
+      or on HDFS (``hdfs://namenode:port/...``, the ``hdfs`` extra: its
+      client renames on the NameNode). It must exist and be writable by the
+      tasks and the Spark executors.
       Object stores (``s3://``, ``gs://``, ``abfs://``, ...) are refused: they
       have no atomic rename (use a table format there).
     - ``format``: ``parquet``.
@@ -211,9 +218,14 @@ class FileTarget(TargetSpec):
 
     @property
     def asset_uri(self) -> str:
-        """``file:///root``, the root percent-encoded (``uri_part``): a root with
-        a space, ``ü``, ``#`` or ``?`` names its own asset, not a cut-short one."""
-        return "file://" + uri_part(self.root, PATH)
+        """``file:///root`` (``hdfs://namenode/root``), the path percent-encoded
+        (``uri_part``): a root with a space, ``ü``, ``#`` or ``?`` names its own
+        asset, not a cut-short one."""
+        root = self.root
+        if root.startswith("hdfs://"):
+            parts = urlsplit(root)
+            return f"hdfs://{parts.netloc}" + uri_part(parts.path, PATH)
+        return "file://" + uri_part(root, PATH)
 
     @property
     def label(self) -> str:

@@ -17,7 +17,6 @@ from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, Checkpoint, StagedChunk
 from airflow_eos.core.errors import InvalidCheckpoint, TargetError
 from airflow_eos.core.windows import Window, to_utc
-from airflow_eos.targets.files import fs
 from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.identity import ROOT_CLAIM, RootClaim, claim_root, ledger_identity
 from airflow_eos.targets.files.layout import Layout
@@ -83,14 +82,14 @@ class FileStaging(FileSinkFields):
         """The root must be a writable directory: a clear error otherwise,
         before an attempt is opened."""
         user = _user()
-        if not os.path.exists(self.root):
+        if not self.files.exists(self.root):
             raise TargetError(f"the root directory {self.root} of the file target does not exist: create it "
                               f"(mkdir -p {self.root}) where the tasks and the Spark executors see it, writable by "
                               f"{user}, or correct FileTarget(path=...)")
-        if not os.path.isdir(self.root):
+        if not self.files.is_dir(self.root):
             raise TargetError(f"the root {self.root} of the file target is not a directory: give a directory")
         for path in (self.root, self.staging_root):
-            if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
+            if self.files.is_dir(path) and not self.files.writable(path):
                 raise TargetError(f"{path} is not writable by {user}: grant it write access (chown/chmod) for the "
                                   "tasks and the Spark executors, or choose another FileTarget(path=...)")
 
@@ -103,7 +102,8 @@ class FileStaging(FileSinkFields):
             ledger, where = ledger_identity(conn)
         exclusive = "{pipeline}" not in self.layout
         try:
-            claim_root(self.root, RootClaim(ledger, where, window.pipeline if exclusive else None, self.layout))
+            claim_root(self.files, self.root,
+                       RootClaim(ledger, where, window.pipeline if exclusive else None, self.layout))
         except OSError as exc:
             raise self._unwritable(os.path.join(self.root, ROOT_CLAIM), exc) from exc
 
@@ -122,7 +122,7 @@ class FileStaging(FileSinkFields):
         self._check_root()
         self._claim_root(window)
         try:
-            os.makedirs(self.staging_root, exist_ok=True)
+            self.files.makedirs(self.staging_root)
         except OSError as exc:
             raise self._unwritable(self.staging_root, exc) from exc
         with self.ledger.connect() as conn, conn.transaction():
@@ -131,11 +131,11 @@ class FileStaging(FileSinkFields):
             try:
                 # A directory of this name can only be left by a begin whose
                 # transaction rolled back (the epoch was given again): nobody wrote to it.
-                fs.remove_tree(staging)
-                os.mkdir(staging)
+                self.files.remove_tree(staging)
+                self.files.mkdir(staging)
                 for sub in STAGING_SUBDIRS:
-                    os.mkdir(os.path.join(staging, sub))
-                fs.fsync_dir(self.staging_root)
+                    self.files.mkdir(os.path.join(staging, sub))
+                self.files.sync_dir(self.staging_root)
             except OSError as exc:
                 raise self._unwritable(staging, exc) from exc
         log.info("%s: staging directory %s created", attempt, staging)
@@ -145,7 +145,7 @@ class FileStaging(FileSinkFields):
 
     def writer(self, attempt: Attempt) -> FileWriter:
         writer = FileWriter(self.staging_dir(attempt), self.root, Layout(self.layout).keys)
-        if not os.path.isdir(writer.data_dir):
+        if not self.files.is_dir(writer.data_dir):
             raise TargetError(f"staging directory {writer.staging_dir} of {attempt} does not exist: the attempt was "
                               "aborted or committed")
         return writer
@@ -157,7 +157,7 @@ class FileStaging(FileSinkFields):
         ``writer(attempt).data_dir`` (and its dead letters into
         ``dead_letter_dir``)."""
         staging = self.staging_dir(attempt)
-        files = scan(staging, [KINDS[k][0] for k in KINDS])
+        files = scan(self.files, staging, [KINDS[k][0] for k in KINDS])
         if files is None:
             raise TargetError(f"staging directory {staging} of {attempt} does not exist: the attempt was aborted "
                               "or committed")
@@ -168,7 +168,7 @@ class FileStaging(FileSinkFields):
         chunks = []
         for chunk, (rows, dead) in sorted(counts(files).items()):
             paths = [os.path.join(staging, f.path) for f in files if f.chunk == chunk]
-            chunks.append(StagedChunk(chunk, rows, dead, file_digest(sorted(paths))))
+            chunks.append(StagedChunk(chunk, rows, dead, file_digest(self.files, sorted(paths))))
         return chunks
 
     def clear_writes(self, attempt: Attempt) -> int:
@@ -178,23 +178,23 @@ class FileStaging(FileSinkFields):
         checkpoint sealed is kept (a new checkpoint's seal sorts it). Returns
         the files deleted."""
         staging = self.staging_dir(attempt)
-        files = scan(staging, [KINDS[k][0] for k in KINDS])
+        files = scan(self.files, staging, [KINDS[k][0] for k in KINDS])
         if files is None:
             raise TargetError(f"staging directory {staging} of {attempt} does not exist: the attempt was aborted "
                               "or committed")
         for f in files:
             try:
-                os.unlink(os.path.join(staging, f.path))
+                self.files.unlink(os.path.join(staging, f.path))
             except FileNotFoundError:
                 pass
         for k in KINDS:
-            for entry in os.scandir(os.path.join(staging, KINDS[k][0])):
-                if entry.is_dir(follow_symlinks=False):  # e.g. Spark's _temporary of a run that died
-                    fs.remove_tree(entry.path)
+            for entry in self.files.entries(os.path.join(staging, KINDS[k][0])):
+                if entry.is_dir:  # e.g. Spark's _temporary of a run that died
+                    self.files.remove_tree(entry.path)
         return len(files)
 
     def count_staged(self, attempt: Attempt) -> dict[int, tuple[int, int]] | None:
-        files = scan(self.staging_dir(attempt))
+        files = scan(self.files, self.staging_dir(attempt))
         return None if files is None else counts(files)
 
     # ------------------------------------------------------------------ seal (the checkpoint's transaction)
@@ -209,7 +209,7 @@ class FileStaging(FileSinkFields):
         sealed; prepare and commit check the manifest, file by file."""
         started = time.monotonic()
         staging = self.staging_dir(attempt)
-        files = scan(staging)
+        files = scan(self.files, staging)
         if files is None:
             raise TargetError(f"staging directory {staging} of {attempt} does not exist: the attempt was aborted "
                               "or committed; no checkpoint written")
@@ -228,12 +228,12 @@ class FileStaging(FileSinkFields):
                 writers_folder, sealed_folder = KINDS[f.kind]
                 folder = sealed_folder if f.chunk in listed else writers_folder
                 if f.folder != folder:
-                    os.rename(os.path.join(staging, f.path), os.path.join(staging, folder, f.name))
+                    self.files.rename(os.path.join(staging, f.path), os.path.join(staging, folder, f.name))
                 if f.chunk in listed:
-                    fs.fsync_file(os.path.join(staging, folder, f.name))
+                    self.files.sync_file(os.path.join(staging, folder, f.name))
                     manifest.append(ManifestFile(f"{folder}/{f.name}", f.kind, f.chunk, f.bytes, f.rows or 0))
             for folder in STAGING_SUBDIRS:
-                fs.fsync_dir(os.path.join(staging, folder))
+                self.files.sync_dir(os.path.join(staging, folder))
         except FileNotFoundError as exc:
             raise TargetError(f"staging directory {staging} of {attempt} vanished while sealing it: the attempt was "
                               "aborted") from exc
@@ -300,7 +300,7 @@ class FileStaging(FileSinkFields):
         """Where the sealed staging differs from the manifest (each file there,
         with its size and its footer's rows) or the manifest from the checkpoint."""
         staging = self.staging_dir(attempt)
-        if not os.path.isdir(staging):
+        if not self.files.is_dir(staging):
             return attempts.chunk_problems(checkpoint.chunks, None, staging)
         problems = []
         rows = sum(m.rows for m in manifest if m.kind == "data")
@@ -312,7 +312,7 @@ class FileStaging(FileSinkFields):
         for m in manifest:
             path = os.path.join(staging, m.path)
             try:
-                size = os.stat(path).st_size
+                size = self.files.size(path)
             except FileNotFoundError:
                 problems.append(f"{path} is missing ({m.bytes} bytes, {m.rows} rows in the manifest)")
                 continue
@@ -320,7 +320,7 @@ class FileStaging(FileSinkFields):
                 problems.append(f"{path} has {size} bytes, the manifest {m.bytes}")
                 continue
             try:
-                found = read_footer(path)[0]
+                found = read_footer(self.files, path)[0]
             except Exception as exc:  # noqa: BLE001 - any unreadable footer is the problem to report
                 problems.append(f"{path}: unreadable Parquet footer ({exc})")
                 continue
@@ -339,7 +339,13 @@ class FileStaging(FileSinkFields):
         from airflow_eos.core.sink import SparkOutput
 
         writer = self.writer(attempt)
-        return SparkOutput("file://" + writer.data_dir, "file://" + writer.dead_letter_dir, writer.reserved)
+        return SparkOutput(_url(writer.data_dir), _url(writer.dead_letter_dir), writer.reserved)
+
+
+def _url(path: str) -> str:
+    """A path as Spark's writer names it: a local path as a file:// URL (Spark's default file system may be
+    another), a URL (hdfs://) as it is."""
+    return path if "://" in path else "file://" + path
 
 
 def _columns(schema: str) -> dict[str, str]:

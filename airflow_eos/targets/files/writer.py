@@ -37,7 +37,7 @@ from airflow_eos.core.columns import DEAD_LETTER_COLUMNS
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import dead_letters_as_rows
-from airflow_eos.targets.files import fs
+from airflow_eos.targets.files.storage import Files, files_for
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -89,33 +89,34 @@ class StagedFile:
         return f"{self.folder}/{self.name}"
 
 
-def read_footer(path: str) -> tuple[int, str]:
+def read_footer(files: Files, path: str) -> tuple[int, str]:
     """(rows, Arrow schema as text) of a Parquet file, from its footer only."""
     import pyarrow.parquet as pq
-    meta = pq.read_metadata(path)
+    with files.open_input(path) as f:
+        meta = pq.read_metadata(f)
     return meta.num_rows, meta.schema.to_arrow_schema().remove_metadata().to_string(show_schema_metadata=False)
 
 
-def scan(staging_dir: str, folders: Iterable[str] = STAGING_SUBDIRS) -> list[StagedFile] | None:
+def scan(files: Files, staging_dir: str, folders: Iterable[str] = STAGING_SUBDIRS) -> list[StagedFile] | None:
     """Every visible file of the staging's folders with its size and footer
     row count; None if the staging directory is gone."""
-    if not os.path.isdir(staging_dir):
+    if not files.is_dir(staging_dir):
         return None
     found = []
     for folder in folders:
         kind = next(k for k, where in KINDS.items() if folder in where)
         try:
-            entries = sorted(os.scandir(os.path.join(staging_dir, folder)), key=lambda e: e.name)
+            entries = files.entries(os.path.join(staging_dir, folder))
         except FileNotFoundError:
             continue
         for entry in entries:
-            if not visible(entry.name) or not entry.is_file(follow_symlinks=False):
+            if not visible(entry.name) or not entry.is_file:
                 continue
             try:
-                rows, schema = read_footer(entry.path)
+                rows, schema = read_footer(files, entry.path)
             except Exception:  # noqa: BLE001 - any unreadable file counts as "no footer"
                 rows, schema = None, None
-            found.append(StagedFile(kind, folder, entry.name, entry.stat().st_size, rows, schema))
+            found.append(StagedFile(kind, folder, entry.name, entry.size, rows, schema))
     return found
 
 
@@ -129,10 +130,10 @@ def counts(files: Iterable[StagedFile]) -> dict[int, tuple[int, int]]:
     return by_chunk
 
 
-def file_digest(paths: Iterable[str]) -> str:
+def file_digest(files: Files, paths: Iterable[str]) -> str:
     digest = hashlib.blake2b(digest_size=16)
     for path in paths:
-        with open(path, "rb") as f:
+        with files.open_input(path) as f:
             while block := f.read(1 << 20):
                 digest.update(block)
     return digest.hexdigest()
@@ -162,6 +163,10 @@ class FileWriter:
     def from_json(cls, text: str) -> "FileWriter":
         data = json.loads(text)
         return cls(data["staging_dir"], data["target"], tuple(data.get("reserved") or ()))
+
+    @property
+    def files(self) -> Files:
+        return files_for(self.staging_dir)
 
     @property
     def data_dir(self) -> str:
@@ -204,14 +209,14 @@ class FileWriter:
                               "chunk is counted (its temporary file is hidden and removed)") from exc
         except pa.ArrowException as exc:
             raise TargetError(f"cannot write rows for {self.target} as Parquet: {exc}") from exc
-        chunk = StagedChunk(chunk_id(name), rows, len(dead_rows), file_digest(written))
+        chunk = StagedChunk(chunk_id(name), rows, len(dead_rows), file_digest(self.files, written))
         seconds = time.monotonic() - started
         log.info("staged chunk %d (%s) into %s: %d rows, %d dead letters in %.2fs", chunk.chunk, name,
                  self.staging_dir, rows, chunk.dead_letters, seconds)
         return chunk
 
     def _check_staging(self) -> None:
-        if not os.path.isdir(self.data_dir):
+        if not self.files.is_dir(self.data_dir):
             raise self._gone()
 
     def _gone(self) -> TargetError:
@@ -231,25 +236,14 @@ class FileWriter:
 
     def _write_table(self, path: str, tables: Iterable[pa.Table], schema: pa.Schema) -> int:
         import pyarrow.parquet as pq
-        tmp = fs.temp_name(path)
         rows = 0
-        try:
-            # O_EXCL in a directory that must exist: a writer never recreates a deleted staging.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "wb") as sink, pq.ParquetWriter(sink, schema, compression="snappy") as out:
-                for table in tables:
-                    out.write_table(table)
-                    rows += table.num_rows
-                    fault_point("stage.mid_write")
-            fs.fsync_file(tmp)
-            os.rename(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        fs.fsync_dir(os.path.dirname(path))
+        # a hidden temp name in a directory that must exist (a writer never recreates a deleted staging), synced,
+        # then renamed: the file appears whole or not at all
+        with self.files.atomic_output(path) as sink, pq.ParquetWriter(sink, schema, compression="snappy") as out:
+            for table in tables:
+                out.write_table(table)
+                rows += table.num_rows
+                fault_point("stage.mid_write")
         return rows
 
 

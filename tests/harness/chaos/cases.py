@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 
 from airflow_eos.core.ledger import Ledger
+from airflow_eos.targets.files.storage import files_for
 from harness import chaos
 
 HOURS = 6  # windows available in the shared topic
@@ -30,11 +31,12 @@ PARALLEL = int(os.environ.get("EOS_CHAOS_PARALLEL") or 4)
 
 
 def new_pipeline(url: str, source: dict, name: str, *, on_committed: str = "skip", mirror: bool = False,
-                 mode: str = "replace_window", target: str = "postgres", root: Path | None = None,
+                 mode: str = "replace_window", target: str = "postgres", root: Path | str | None = None,
                  **kwargs) -> chaos.Pipeline:
     """A Pipeline with a target of its own, its ledger in the database at
     ``url``: ``target="postgres"``, a table there (for ``mode``);
-    ``target="files"``, a new directory ``root`` (under the test's tmp dir);
+    ``target="files"``, a new directory under ``root`` (the test's tmp dir, or
+    an hdfs:// URL);
     ``target="kafka"``, a new topic on the source's cluster; ``target="iceberg"``,
     a new table in the ledger's SQL catalog, located under ``root``."""
     name = chaos.slug(name)[:40] + "_" + uuid.uuid4().hex[:6]
@@ -53,8 +55,8 @@ def new_pipeline(url: str, source: dict, name: str, *, on_committed: str = "skip
     elif target == "files":
         if root is None:
             raise ValueError("a file target's pipeline needs root=<a directory under the test's tmp dir>")
-        root = root / name
-        root.mkdir(parents=True)
+        root = f"{root}/{name}"
+        files_for(root).makedirs(root)
     else:
         table = f"chaos.{name}"
         chaos.create_target_table(url, table, mode)

@@ -11,13 +11,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files.identity import ROOT_CLAIM
+from airflow_eos.targets.files.storage import files_for
 from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR, TRASH_DIR
 from airflow_eos.targets.postgres.target import STAGING_SCHEMA
 from harness.chaos.pipeline import Pipeline
@@ -39,23 +39,26 @@ def _file_leftovers(p: Pipeline, conn: psycopg.Connection) -> list[str]:
     the trash anything but a replaced window's whole old version (kept for its
     retention, for readers still listing it: an older epoch than the window's
     committed one, every file of its commit file there)."""
-    root = Path(p.root or "")
+    root = p.root or ""
+    store = files_for(root)
     left = []
-    if (root / STAGING_DIR).is_dir():
-        left += [f"{STAGING_DIR}/{name}" for name in sorted(os.listdir(root / STAGING_DIR))]
+    if store.is_dir(f"{root}/{STAGING_DIR}"):
+        left += [f"{STAGING_DIR}/{e.name}" for e in store.entries(f"{root}/{STAGING_DIR}")]
     committed = {ws: epoch for ws, epoch in conn.execute(
         "SELECT window_start, committed_epoch FROM eos.windows WHERE pipeline = %s AND state = 'committed'",
         (p.name,))}
-    for kept in sorted(os.listdir(root / TRASH_DIR)) if (root / TRASH_DIR).is_dir() else ():
-        doc = root / TRASH_DIR / kept / COMMIT_FILE
-        old = json.loads(doc.read_text()) if doc.is_file() else {}
-        whole = {f["name"] for f in old.get("files", ())} | {COMMIT_FILE} == set(os.listdir(doc.parent))
+    trash = f"{root}/{TRASH_DIR}"
+    for kept in [e.name for e in store.entries(trash)] if store.is_dir(trash) else ():
+        doc = f"{trash}/{kept}/{COMMIT_FILE}"
+        old = json.loads(store.read_bytes(doc)) if store.is_file(doc) else {}
+        whole = {f["name"] for f in old.get("files", ())} | {COMMIT_FILE} == {
+            e.name for e in store.entries(f"{trash}/{kept}")}
         window = datetime.fromisoformat(old["window_start"]) if "window_start" in old else None
         if not (old.get("pipeline") == p.name and old.get("epoch", 1 << 62) < committed.get(window, 0) and whole):
             left.append(f"{TRASH_DIR}/{kept} (not a whole old version of a replaced window)")
-    for directory, dirs, files in os.walk(root):
+    for directory, dirs, files in store.walk(root):
         dirs[:] = [d for d in dirs if d not in (STAGING_DIR, TRASH_DIR)]
-        kept = {COMMIT_FILE} | ({ROOT_CLAIM} if directory == str(root) else set())  # the root's claim: at its top
+        kept = {COMMIT_FILE} | ({ROOT_CLAIM} if directory == root else set())  # the root's claim: at its top
         left += [os.path.relpath(os.path.join(directory, f), root) for f in files
                  if f.startswith(".") or (f.startswith("_") and f not in kept)]
     left += [f"publication of attempt {epoch} of window {ws.isoformat()} decided, never finished"
@@ -178,14 +181,29 @@ LEFTOVERS: dict[str, Callable[[Pipeline, psycopg.Connection], list[str]]] = {
 
 
 
+def parquet_source(root: str) -> dict[str, Any]:
+    """How PyArrow reads ``root`` (a local directory, or an hdfs:// URL through
+    hdfs-native's fsspec file system): ``pq.read_table(**parquet_source(root))``."""
+    if not root.startswith("hdfs://"):
+        return {"source": root}
+    from urllib.parse import urlsplit
+
+    import pyarrow.fs
+    from hdfs_native.fsspec import HdfsFileSystem
+
+    parts = urlsplit(root)
+    hdfs = HdfsFileSystem(host=parts.hostname, port=parts.port)
+    return {"source": parts.path, "filesystem": pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(hdfs))}
+
+
 def _read_parquet_root(root: str):
     """What a reader of the root sees: every visible Parquet file under it,
     Hive-partitioned (PyArrow skips names starting with "_" or ".", as Spark does)."""
     import pyarrow.parquet as pq
 
-    if not any(not name.startswith(("_", ".")) for name in os.listdir(root)):
+    if not any(not e.name.startswith(("_", ".")) for e in files_for(root).entries(root)):
         return []
-    return pq.read_table(root, partitioning="hive").to_pylist()
+    return pq.read_table(**parquet_source(root), partitioning="hive").to_pylist()
 
 
 def _file_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
