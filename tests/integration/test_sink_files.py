@@ -902,8 +902,9 @@ def test_object_stores_are_refused_at_parse_time():
         with pytest.raises(ConfigurationError, match="no atomic rename") as failed:
             FileTarget(path=url)
         assert "table format" in str(failed.value)
-    with pytest.raises(ConfigurationError, match="HDFS"):
-        FileTarget(path="hdfs://namenode/orders")
+    for url in ("viewfs://cluster/orders", "webhdfs://namenode:9870/orders", "swebhdfs://namenode:9871/orders"):
+        with pytest.raises(ConfigurationError, match="does not support .* give the cluster's hdfs://"):
+            FileTarget(path=url)
     with pytest.raises(ConfigurationError, match="relative"):
         FileTarget(path="lake/orders")
 
