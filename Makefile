@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?=
 SIZES ?= 10000,100000,1000000
 N ?= 201
-# test workers: each a pytest session with its own PostgreSQL, Kafka broker and Airflow home
+# test workers: each a pytest session with its own Airflow home, on the run's one PostgreSQL and Kafka broker
 WORKERS ?= 2
 # the edit-test loop's tests wait far more than they compute: more workers than cores
 # (2026-11-27, 847 tests: 5.7 min with 6, 6.2 with 4; 9.6 with 2 before the matrix was split)

@@ -1,13 +1,14 @@
 """Real services for the tests: one PostgreSQL server and one Apache Kafka
-broker per test session (or the external ones named by EOS_POSTGRES_URL and
-EOS_KAFKA_BOOTSTRAP), one HDFS for the sessions that run an HDFS test, a fresh
-database and fresh topics per test, and an Airflow home in a temp dir. Every process started here is stopped here.
+broker per test run (harness.services; or the external ones named by
+EOS_POSTGRES_URL and EOS_KAFKA_BOOTSTRAP), one HDFS for the sessions that run an
+HDFS test, a fresh database and fresh topics per test, and an Airflow home in a
+temp dir. Every process started here is stopped here.
 
 ``make test`` runs the suite in pytest-xdist workers (``-n 2 --dist loadfile``):
-each worker is a session of its own, with its own servers and Airflow home; a
-module runs whole on one worker (the fault suite's module fixtures run all of a
-module's selected cases at once). The slowest modules are handed out first
-(harness.workers), and the workers' chaos tallies are summed here.
+each worker is a session of its own, with its own Airflow home, on the run's
+servers; a module runs whole on one worker (the fault suite's module fixtures
+run all of a module's selected cases at once). The slowest modules are handed
+out first (harness.workers), and the workers' chaos tallies are summed here.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 import pytest  # noqa: E402
 
-from airflow_eos.embedded import hdfs_service, kafka_service, postgres_service  # noqa: E402
-from harness import workers  # noqa: E402
+from airflow_eos.embedded import hdfs_service  # noqa: E402
+from harness import services, workers  # noqa: E402
 from harness.databases import empty_database  # noqa: E402
 from harness.topics import TopicFactory  # noqa: E402
 from harness.tally import TALLY  # noqa: E402
@@ -75,6 +76,16 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist brings up a worker: it is to use the run's servers."""
+    services.hand_to_worker(node)
+
+
+def pytest_unconfigure(config):
+    services.stop()
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     """An xdist worker ended: add its chaos tally to the session's."""
     TALLY.merge(getattr(node, "workeroutput", {}).get("chaos_tally") or {})
@@ -92,9 +103,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 @pytest.fixture(scope="session")
-def pg_server():
-    """The PostgreSQL server (embedded unless EOS_POSTGRES_URL is set)."""
-    with postgres_service() as handle:
+def pg_server(pytestconfig):
+    """The run's PostgreSQL server (embedded unless EOS_POSTGRES_URL is set)."""
+    with services.postgres(pytestconfig) as handle:
         yield handle
 
 
@@ -118,11 +129,11 @@ def ledger(pg_url):
 
 
 @pytest.fixture(scope="session")
-def kafka(pg_server):
-    """Apache Kafka, one KRaft node of the session's own (unless EOS_KAFKA_BOOTSTRAP names one).
+def kafka(pytestconfig, pg_server):
+    """The run's Apache Kafka, one KRaft node (unless EOS_KAFKA_BOOTSTRAP names one).
 
-    Depends on pg_server only so that both start once, in a fixed order."""
-    with kafka_service() as handle:
+    Depends on pg_server only so that both start in a fixed order."""
+    with services.kafka(pytestconfig) as handle:
         yield handle
 
 

@@ -40,12 +40,13 @@ class ServiceHandle:
 
 
 @contextlib.contextmanager
-def postgres_service() -> Iterator[ServiceHandle]:
+def postgres_service(max_connections: int = 200) -> Iterator[ServiceHandle]:
+    """``max_connections``: the embedded server's (an external one has its own)."""
     external = os.environ.get("EOS_POSTGRES_URL")
     if external:
         yield ServiceHandle(external)
         return
-    with PostgresServer() as server:
+    with PostgresServer(max_connections) as server:
         yield ServiceHandle(server.url, server)
 
 

@@ -27,7 +27,8 @@ class PostgresServer:
     cluster lives in a mkdtemp directory owned by ``postgres``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_connections: int = 200) -> None:
+        self.max_connections = max_connections
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="eos-pg-"))
         self.data = self.dir / "data"
@@ -55,7 +56,7 @@ class PostgresServer:
     def _pg_ctl_start(self) -> None:
         opts = (
             f"-h 127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off -c synchronous_commit=off "
-            "-c full_page_writes=off -c max_connections=200"
+            f"-c full_page_writes=off -c max_connections={self.max_connections}"
         )
         res = self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"), "-w", "-t", "30", "start", check=False)
         if res.returncode != 0:

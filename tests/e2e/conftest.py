@@ -8,12 +8,27 @@ Connect server shared by the session, as a deployment runs it. Each target's
 tests keep spark-submit where the Spark job is the point (windows published,
 a stage failing in Spark, a full disk); the tests of commits, clears and
 reruns, whose Spark job is incidental, use the warm server (it saves a JVM
-start, ~25 s here, per window run)."""
+start, ~25 s here, per window run).
+
+The example DAGs read and write fixed topic names (``orders``,
+``orders_curated``, ``events``): the e2e tests have a broker of their worker's
+own, not the run's shared one, so that two workers' tests of one DAG never
+meet on its topics."""
 
 from __future__ import annotations
 
 import pytest
 from harness.dags import set_airflow_connections, use_spark_connect
+
+from airflow_eos.embedded import kafka_service
+
+
+@pytest.fixture(scope="session")
+def kafka(pg_server):
+    """A broker of this worker's e2e tests (unless EOS_KAFKA_BOOTSTRAP names one),
+    started by the first that needs it."""
+    with kafka_service() as handle:
+        yield handle
 
 
 @pytest.fixture

@@ -50,17 +50,19 @@ SLOWEST_FIRST = (
 )
 _RANK = {path: n for n, path in enumerate(SLOWEST_FIRST)}
 
-_controller = False
+_config = None
 
 
 def configure(config) -> None:
-    """Remember whether this process is an xdist controller (it runs no test)."""
-    global _controller
-    _controller = config.pluginmanager.getplugin("dsession") is not None
+    """Remember the session's config, to tell later whether this process is an xdist controller."""
+    global _config
+    _config = config
 
 
 def is_controller() -> bool:
-    return _controller
+    """Whether this process is an xdist controller (it runs no test). Asked after
+    pytest_configure: xdist registers its controller's session plugin last."""
+    return _config is not None and _config.pluginmanager.getplugin("dsession") is not None
 
 
 def rank(item) -> int:

@@ -433,7 +433,8 @@ def test_seal_waits_for_a_writer_still_copying_then_drops_its_chunk(pg_url, orde
     assert copying.wait(10)
     seal = Background(orders.checkpoint, attempt, consumed(plan), listed)
     deadline = time.monotonic() + 10
-    while not execute(pg_url, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
+    while not execute(pg_url, "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                         " AND datname = current_database()"):
         assert time.monotonic() < deadline, "the seal never waited for the writer"
         time.sleep(0.02)
     assert seal.is_alive() and attempt_state(pg_url, attempt)[0] == "open"
@@ -545,7 +546,8 @@ def test_replace_rerun_swaps_the_window_atomically_for_readers(pg_url, ledger, f
         else:  # dropping the window's old partition locks the table: readers wait for the commit
             assert len(seen) <= paused_at + 1
             assert execute(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                                   " AND query LIKE 'SELECT id, amount, note%%'") == [(1,)]
+                                   " AND datname = current_database() AND query LIKE 'SELECT id, amount, note%%'"
+                           ) == [(1,)]
         gate.rollback()
         result, error = commit.outcome()
     time.sleep(0.05)
