@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from airflow_eos.embedded.processes import free_port, stop_process, wait_for_port
+from airflow_eos.spark.connector import kafka_connector_jars
 
 log = logging.getLogger("airflow_eos.embedded")
 
@@ -40,6 +41,8 @@ class SparkConnectServer:
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "4",
             "spark.python.daemon.module": "airflow_eos.spark.daemon",
+            # Spark's Kafka connector, on the driver's and the executors' classpath from the start
+            "spark.jars": ",".join(kafka_connector_jars()),
             **(conf or {}),
         }
         self.spark_submit = Path(sys.executable).with_name("spark-submit")

@@ -25,6 +25,7 @@ from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.target import DEFAULT_CONN_IDS, SPARK, TargetSpec
 from airflow_eos.core.windows import WindowPlan
+from airflow_eos.spark.connector import kafka_connector_jars
 from airflow_eos.spark.submit import StageJobOutput, stage_job_arguments, stage_job_environment, stage_job_path
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ class EosSparkStageHook(BaseHook):
         env = {**self.env_vars, **stage_job_environment(target, dict(kafka_config), local=local)}
         output = StageJobOutput()
         self._running = EosSparkSubmitHook(conn_id=self.conn_id, conf=conf, env_vars=env, application_args=arguments,
-                                           on_output_line=output.read, **self.spark_submit_args)
+                                           on_output_line=output.read, **self._submit_args())
         try:
             self._running.submit(self.application)
         except AirflowException as exc:
@@ -155,6 +156,14 @@ class EosSparkStageHook(BaseHook):
         finally:
             self._running = None
         return output.report
+
+    def _submit_args(self) -> dict[str, Any]:
+        """The SparkSubmitHook arguments: ``spark_submit_args`` with Spark's Kafka
+        connector added to its ``jars`` (spark-submit ships them to a cluster's
+        executors too)."""
+        args = dict(self.spark_submit_args)
+        args["jars"] = ",".join([*filter(None, str(args.get("jars") or "").split(",")), *kafka_connector_jars()])
+        return args
 
     def _on_spark_connect(self, plan: WindowPlan, attempt: Attempt, sink: Sink, kafka_config: Mapping[str, Any],
                           transform: str | None, **limits: int) -> dict:
