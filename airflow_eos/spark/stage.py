@@ -121,6 +121,7 @@ from airflow_eos.core.database import redact
 from airflow_eos.core.errors import (
     AttemptClosed,
     ConfigurationError,
+    EosError,
     WindowConflict,
     WindowNotPlanned,
 )
@@ -133,6 +134,7 @@ from airflow_eos.spark.stage_report import (
     StageFailed,
     StageReport,
     abort_after_failure,
+    checkpoint_after_job,
     checkpointed_report,
     describe_attempt_state,
     log_plan,
@@ -150,6 +152,7 @@ from airflow_eos.spark.stage_settings import (
 )
 from airflow_eos.spark.stager import StagedTask, TooManyBadRecords
 from airflow_eos.spark.staging_source import StagingDataSource, commit_stage, register
+from airflow_eos.spark.submit import DEFAULT_READER, READERS
 from airflow_eos.spark.transform import load_transform
 from airflow_eos.spark.udf import ERROR_COLUMN, catch_errors, describe_error, safe_udf
 
@@ -190,6 +193,7 @@ def run_stage(
     max_bad_records: int = 0,
     rows_per_chunk: int = DEFAULT_ROWS_PER_CHUNK,
     read_options: Mapping[str, Any] | None = None,
+    reader: str = DEFAULT_READER,
 ) -> StageReport:
     """Stage one attempt of a window: read exactly ``plan``, apply ``transform``,
     stage into the attempt's staging, checkpoint on job commit. Returns what the
@@ -202,13 +206,17 @@ def run_stage(
     target's Sink (a PostgresSink, a FileSink, ...). A sink with
     a :meth:`~airflow_eos.core.sink.Sink.spark_output` is written by Spark's own
     Parquet writer (:func:`~airflow_eos.spark.stage_files.stage_files`); any other through the eos_staging
-    data source and its writer. ``read_options``: further eos_kafka options
-    (arrow_batch_rows, end_grace_s, poll_timeout_s).
+    data source and its writer. ``reader``: ``"spark"`` (Spark's own Kafka
+    source, the default) or ``"python"`` (the eos_kafka source, see
+    :func:`~airflow_eos.spark.stage_report.read_transformed`); ``read_options``:
+    further eos_kafka options (arrow_batch_rows, end_grace_s, poll_timeout_s).
     """
     started = time.perf_counter()
     url = target.ledger.url
     if max_bad_records < 0 or max_records_per_task < 1 or rows_per_chunk < 1:
         raise ConfigurationError("max_bad_records must be >= 0, max_records_per_task and rows_per_chunk >= 1")
+    if reader not in READERS:
+        raise ConfigurationError(f"reader must be one of {list(READERS)}, got {reader!r}")
     run = uuid.uuid4().hex[:12]
     _check_attempt(target, plan, attempt)
     try:
@@ -219,29 +227,33 @@ def run_stage(
     if output is not None:
         return stage_files(spark, plan, attempt, target, output, kafka_config, transform, run=run,
                            started=started, max_records_per_task=max_records_per_task,
-                           max_bad_records=max_bad_records, read_options=read_options)
+                           max_bad_records=max_bad_records, read_options=read_options, reader=reader)
     return _stage_rows(spark, plan, attempt, target, kafka_config, transform, url=url, run=run, started=started,
                        max_records_per_task=max_records_per_task, max_bad_records=max_bad_records,
-                       rows_per_chunk=rows_per_chunk, read_options=read_options)
+                       rows_per_chunk=rows_per_chunk, read_options=read_options, reader=reader)
 
 
 def _stage_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink,
                 kafka_config: Mapping[str, Any], transform, *, url: str, run: str, started: float,
                 max_records_per_task: int, max_bad_records: int, rows_per_chunk: int,
-                read_options: Mapping[str, Any] | None) -> StageReport:
+                read_options: Mapping[str, Any] | None, reader: str) -> StageReport:
     """run_stage's path for a sink that takes rows: the ``eos_staging`` data
-    source's write tasks stage them, its job commit writes the checkpoint."""
+    source's write tasks stage them; its job commit writes the checkpoint, or,
+    when what was read is observed on Spark's Kafka source (known only after
+    the job), records the chunks it accepted and the driver writes the
+    checkpoint after the job (stage_report.checkpoint_after_job)."""
     log.info("staging %s (run %s) into %s: %d planned range(s), at most %d records, max_bad_records=%d",
              attempt, run, target.label, len(plan.ranges), plan.max_records, max_bad_records)
     log_plan(plan)
     try:
         staging = target.writer(attempt)
         not_null = target.not_null_columns(staging.columns)
-        out, fn = read_transformed(spark, plan, kafka_config, transform, url=url, attempt=attempt, run=run,
-                                   max_records_per_task=max_records_per_task, read_options=read_options)
+        out, fn, observation = read_transformed(spark, plan, kafka_config, transform, url=url, attempt=attempt,
+                                                run=run, max_records_per_task=max_records_per_task,
+                                                read_options=read_options, reader=reader)
         rows, layout = writer_input(out, staging.columns, not_null, table=target.label, strict=fn is not None)
         settings = StageSettings(target, attempt, plan, run, layout, max_bad_records, rows_per_chunk,
-                                 kafka_config=kafka_config)
+                                 kafka_config=kafka_config, checkpoint_by_driver=observation is not None)
     except Exception as exc:
         # Nothing was staged; end the attempt rather than leave it for the abort task or the sweep.
         abort_after_failure(target, attempt, f"stage job run {run} failed before writing: {exc}")
@@ -257,11 +269,32 @@ def _stage_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
         message, error = spark_failure(exc)
         state = describe_attempt_state(target, attempt)
         raise StageFailed(f"the stage job of {attempt} failed ({state}): {message}", error=error) from exc
+    if observation is not None:
+        _checkpoint_rows(target, attempt, run, plan, observation)
     finished = time.perf_counter()
     report = checkpointed_report(target, attempt, run, {"setup": setup - started, "job": finished - setup})
     report.seconds["total"] = time.perf_counter() - started
     log_report(report)
     return report
+
+
+def _checkpoint_rows(target: Sink, attempt: Attempt, run: str, plan: WindowPlan, observation) -> None:
+    """The checkpoint of a job whose read was observed: written here, after the
+    job, from the observed read and the chunks its job commit recorded; a
+    failure aborts the attempt (as the job commit's would have) and raises StageFailed."""
+
+    def chunks() -> list:
+        with target.ledger.connect() as conn:
+            return list(attempts.load_checkpoint(conn, attempt).chunks)
+
+    try:
+        checkpoint_after_job(target, attempt, run, plan, observation, chunks)
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        abort_after_failure(target, attempt, f"stage job run {run} failed at its checkpoint: {message}")
+        state = describe_attempt_state(target, attempt)
+        raise StageFailed(f"the stage job of {attempt} failed ({state}): {message}",
+                          error=type(exc).__name__ if isinstance(exc, EosError) else None) from exc
 
 
 __all__ = [

@@ -99,6 +99,14 @@ def commit_stage(settings: StageSettings, messages: Sequence[StagedTask | None])
     if dead > settings.max_bad_records:
         samples = [s for m in messages for s in m.samples]
         raise TooManyBadRecords(too_many_message(attempt, settings.max_bad_records, dead, samples, "the job"))
+    if settings.checkpoint_by_driver:
+        # What the job read is known to its driver only after the job (observed metrics):
+        # keep the accepted chunks for the checkpoint it writes then (stage.py).
+        with settings.target.ledger.connect() as conn, conn.transaction():
+            attempts.record_staged_chunks(conn, attempt, tuple(chunks))
+        log.info("%s: job commit recorded %d chunk(s) (%d rows, %d dead letters) for the driver's checkpoint in "
+                 "%.2fs", attempt, len(chunks), sum(m.rows for m in messages), dead, time.perf_counter() - started)
+        return attempts.make_checkpoint([], chunks)
     reported = read_coverage(settings.target.ledger.url, attempt, settings.run, settings.plan)
     consumed = [r for r, _ in reported]
     checkpoint = attempts.make_checkpoint(consumed, chunks)

@@ -40,13 +40,21 @@ ERROR_LINE = "EOS_STAGE_ERROR "
 REPORT_LINE = "EOS_STAGE_REPORT "
 
 
+# How the stage job reads a window's plan (run_stage's ``reader``): Spark's own Kafka source
+# (spark/kafka_native.py) or the eos_kafka Python data source (spark/kafka_source.py).
+SPARK_READER = "spark"
+PYTHON_READER = "python"
+READERS = (SPARK_READER, PYTHON_READER)
+DEFAULT_READER = SPARK_READER
+
+
 def stage_job_path() -> str:
     """The file ``spark-submit`` runs; it ships inside this package."""
     return str(Path(__file__).with_name("job.py"))
 
 
 def stage_job_arguments(plan: WindowPlan, attempt: Attempt, *, max_records_per_task: int, max_bad_records: int,
-                        transform: str | None) -> list[str]:
+                        transform: str | None, reader: str = DEFAULT_READER) -> list[str]:
     """The command line of the stage job for one attempt (after the job's path)."""
     return [
         "--plan", plan.to_json(),
@@ -54,6 +62,7 @@ def stage_job_arguments(plan: WindowPlan, attempt: Attempt, *, max_records_per_t
         "--max-records-per-task", str(max_records_per_task),
         "--max-bad-records", str(max_bad_records),
         *(["--transform", transform] if transform else []),
+        *(["--reader", reader] if reader != DEFAULT_READER else []),
     ]
 
 
