@@ -79,6 +79,12 @@ _LOGIN_MODULES = {
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
+# The Java consumer's fetch sizes, as READER_KAFKA_DEFAULTS sets librdkafka's: its defaults
+# (1 MiB per partition, 500 records a poll) made the broker spend ~1.3 core-seconds serving a
+# 1M-record window's small fetches, 0.3 with these (2026-11-27, bench/readers.py's read ceiling:
+# 4.2 -> 2.5-2.8 core-seconds in all). The Kafka connection's own settings win.
+JAVA_READER_DEFAULTS = {"max.partition.fetch.bytes": 8 << 20, "fetch.max.bytes": 64 << 20,
+                        "max.poll.records": 100_000}
 OBSERVED_WAIT_S = 60.0  # classic PySpark: how long the driver waits for the metrics after the action
 
 
@@ -113,7 +119,7 @@ def native_options(plan: WindowPlan, kafka_config: Mapping[str, Any], *, max_rec
         assign.setdefault(r.topic, []).append(r.partition)
         starting.setdefault(r.topic, {})[str(r.partition)] = r.start_offset
         ending.setdefault(r.topic, {})[str(r.partition)] = r.end_offset
-    java = java_kafka_config(kafka_config)
+    java = {k: str(v) for k, v in JAVA_READER_DEFAULTS.items()} | java_kafka_config(kafka_config)
     if not java.get("bootstrap.servers"):
         raise ConfigurationError("Kafka configuration has no 'bootstrap.servers'")
     return {

@@ -4,20 +4,31 @@ checkpoint on Spark's job commit.
 
 One job run, in Spark's terms::
 
-    read_plan(plan)  ──►  transform(df)  ──►  df.write.format("eos_staging").save()
-    (eos_kafka source:     (user code,          write tasks: COPY into the staging;
-     one task per range,    may shuffle)        job commit: the checkpoint;
-     reports each range                         job abort: the attempt is aborted,
-     it read completely)                        its staging dropped)
+    read the plan  ──►  transform(df)  ──►  df.write.format("eos_staging").save()  ──►  checkpoint
+    (Spark's Kafka        (user code,         write tasks: COPY into the staging;      (the driver, from
+     source, observed;     may shuffle)       job commit: the chunks (or, after the     the observed read)
+     or eos_kafka, each                       eos_kafka source, the checkpoint);
+     task reporting                           job abort: the attempt is aborted,
+     what it read)                            its staging dropped
 
-**What was consumed.** Each read task, once it has read its sub-range to the end
-cut, records ``(topic, partition, start, end, records)`` in ``eos.read_ranges``
-under this job run (an idempotent upsert: a retried or speculative task writes
-the same row). The job commit assembles the checkpoint's consumed ranges from
-those rows, so they are what was actually read, counted exactly, without a
-second read of Kafka, even when the transform shuffles and the write tasks never
-see a record's lineage. A plan not read completely (a gap, an overlap, a
-partition short of its end cut) fails the job commit: no checkpoint.
+**What was consumed.** ``reader="spark"`` (the default): Spark's own Kafka
+source reads the plan (:mod:`airflow_eos.spark.kafka_native`, which says what
+that source guarantees about reaching each end cut) and ``observe`` counts, per
+sub-range, the records it yielded and their first and last offset, in the same
+pass. Spark hands those metrics to the driver only after the job, so the job
+commit records just the chunks it accepted, and the driver, once the job has
+returned, records the observed sub-ranges in ``eos.read_ranges`` and writes the
+checkpoint (stage_report.checkpoint_after_job). The attempt stays open until
+then, and prepare waits while an attempt is open: a staging whose driver died
+before its checkpoint is never prepared. ``reader="python"`` (the eos_kafka
+source): each read task, once it has read its sub-range to the end cut, records
+``(topic, partition, start, end, records)`` in ``eos.read_ranges`` under this
+job run (an idempotent upsert: a retried or speculative task writes the same
+row), and the job commit writes the checkpoint. Either way the checkpoint's
+consumed ranges come from those rows, counted without a second read of Kafka,
+even when the transform shuffles and the write tasks never see a record's
+lineage; a plan not read completely (a gap, an overlap, a partition short of its
+end cut) fails the stage: no checkpoint.
 
 **Transform.** ``module:function``, DataFrame -> DataFrame, called on the driver
 with the window's records in the schema of Spark's Kafka source (key, value,

@@ -17,6 +17,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Checkpoint
 from airflow_eos.core.errors import ConfigurationError, EosError, InvalidCheckpoint
+from airflow_eos.core.faults import fault_point
 from airflow_eos.spark.kafka_source import register as register_kafka_source
 from airflow_eos.spark.kafka_source import worker_logging
 from airflow_eos.spark.stage_settings import FORMAT_NAME, StageSettings, read_coverage
@@ -101,7 +102,9 @@ def commit_stage(settings: StageSettings, messages: Sequence[StagedTask | None])
         raise TooManyBadRecords(too_many_message(attempt, settings.max_bad_records, dead, samples, "the job"))
     if settings.checkpoint_by_driver:
         # What the job read is known to its driver only after the job (observed metrics):
-        # keep the accepted chunks for the checkpoint it writes then (stage.py).
+        # keep the accepted chunks for the checkpoint it writes then (stage.py). The job
+        # commit's part of the checkpoint, so the checkpoint's fault point is here too.
+        fault_point("stage.before_checkpoint")
         with settings.target.ledger.connect() as conn, conn.transaction():
             attempts.record_staged_chunks(conn, attempt, tuple(chunks))
         log.info("%s: job commit recorded %d chunk(s) (%d rows, %d dead letters) for the driver's checkpoint in "

@@ -28,6 +28,9 @@ def test_the_source_reads_exactly_the_plan_committed_with_headers_and_fails_on_d
     assert options["maxRecordsPerPartition"] == "500"
     assert options["kafka.bootstrap.servers"] == "b:9092"
     assert "kafka.fetch.wait.max.ms" not in options  # librdkafka's, not the Java client's
+    assert options["kafka.max.partition.fetch.bytes"] == str(8 << 20)  # large fetches, unless the connection says
+    assert native_options(PLAN, {"bootstrap.servers": "b", "max.partition.fetch.bytes": 1 << 20},
+                          max_records_per_task=5)["kafka.max.partition.fetch.bytes"] == str(1 << 20)
     assert "subscribe" not in options and "subscribePattern" not in options
 
 
