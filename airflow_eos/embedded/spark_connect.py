@@ -41,10 +41,12 @@ class SparkConnectServer:
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "4",
             "spark.python.daemon.module": "airflow_eos.spark.daemon",
-            # Spark's Kafka connector, on the driver's and the executors' classpath from the start
-            "spark.jars": ",".join(kafka_connector_jars()),
             **(conf or {}),
         }
+        # Spark's Kafka connector, beside any jars of ``conf``: on the driver's and the executors'
+        # classpath from the start
+        self.conf["spark.jars"] = ",".join([*filter(None, self.conf.get("spark.jars", "").split(",")),
+                                            *kafka_connector_jars()])
         self.spark_submit = Path(sys.executable).with_name("spark-submit")
         self.python = sys.executable
         self.env = env or {}  # for the driver and its Python workers (e.g. EOS_FAULTS in tests)

@@ -42,6 +42,15 @@ written by the driver after the write returns (see spark/stage.py and
 spark/stage_files.py), never inside the action. :func:`observed_reads` checks
 them against the plan: a record outside every sub-range, or more records than
 a sub-range has offsets, fails the stage (no checkpoint).
+
+What the counts can and cannot say: Spark merges a task's observed metrics once
+per successful task of a result stage; a task of a shuffle map stage (a
+transform that shuffles) that Spark runs again after losing its output (an
+executor lost) is merged again, so a count may then be too high (it is never
+too low: a failed task's metrics are dropped, and a finished job ran every
+task to its end). The count is what the checkpoint reports as read; what is
+published is what the staged chunks hold, which their own commit protocol
+counts exactly, so such a count misreports and never duplicates.
 """
 
 from __future__ import annotations

@@ -99,10 +99,12 @@ def spark_session(
     else:
         os.environ["PYSPARK_PYTHON"] = sys.executable
         builder = builder.appName(app_name).master(master or DEFAULT_LOCAL_MASTER)
-        # Spark's Kafka connector, from the cache `make setup` filled (spark-submit's --jars does this
-        # for a submitted job; a Connect server has them from its start)
-        local = {**_LOCAL_CONF, "spark.jars": ",".join(kafka_connector_jars())}
-        for key, value in {**local, **(conf or {})}.items():
+        # Spark's Kafka connector, from the cache `make setup` filled, beside any jars of ``conf``
+        # (spark-submit's --jars does this for a submitted job; a Connect server has them from its start)
+        settings = {**_LOCAL_CONF, **(conf or {})}
+        settings["spark.jars"] = ",".join([*filter(None, str(settings.get("spark.jars", "")).split(",")),
+                                           *kafka_connector_jars()])
+        for key, value in settings.items():
             builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     register(spark)
