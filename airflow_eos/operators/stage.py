@@ -64,8 +64,8 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
     :param max_records_per_task: Kafka ranges wider than this are split over tasks
     :param max_bad_records: records the transform may reject into the dead-letter
         table before the window fails
-    :param reader: how the job reads the plan: ``"spark"`` (Spark's own Kafka source, the
-        default) or ``"python"`` (the eos_kafka Python data source over confluent-kafka)
+    :param reader: how the job reads the plan: ``"python"`` (the eos_kafka Python data source
+        over confluent-kafka, the default) or ``"spark"`` (Spark's own Kafka source)
     :param conn_id: a ``spark`` or a ``spark_connect`` connection
     :param conf: Spark settings (templated)
     :param name: the Spark application's name (templated)

@@ -2,7 +2,7 @@
 the contract: arguments, and the target and Kafka settings in the environment)::
 
     spark-submit --master local[2] airflow_eos/spark/job.py --plan PLAN_JSON --attempt ATTEMPT_JSON \\
-        --max-records-per-task N --max-bad-records N [--transform module:function] [--reader python]
+        --max-records-per-task N --max-bad-records N [--transform module:function] [--reader spark]
 
 Master and conf come from spark-submit, so it runs unchanged on a cluster (whose
 executors need airflow-eos installed, or shipped with ``--py-files``). The work is
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-bad-records", type=int, default=0)
     parser.add_argument("--rows-per-chunk", type=int, default=DEFAULT_ROWS_PER_CHUNK)
     parser.add_argument("--reader", choices=READERS, default=DEFAULT_READER,
-                        help="Spark's own Kafka source (spark, the default) or the eos_kafka Python source")
+                        help="the eos_kafka Python source (python, the default) or Spark's own Kafka source")
     return parser
 
 

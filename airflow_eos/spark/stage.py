@@ -11,7 +11,7 @@ One job run, in Spark's terms::
      task reporting                           job abort: the attempt is aborted,
      what it read)                            its staging dropped
 
-**What was consumed.** ``reader="spark"`` (the default): Spark's own Kafka
+**What was consumed.** ``reader="spark"``: Spark's own Kafka
 source reads the plan (:mod:`airflow_eos.spark.kafka_native`, which says what
 that source guarantees about reaching each end cut) and ``observe`` counts, per
 sub-range, the records it yielded and their first and last offset, in the same
@@ -20,8 +20,8 @@ commit records just the chunks it accepted, and the driver, once the job has
 returned, records the observed sub-ranges in ``eos.read_ranges`` and writes the
 checkpoint (stage_report.checkpoint_after_job). The attempt stays open until
 then, and prepare waits while an attempt is open: a staging whose driver died
-before its checkpoint is never prepared. ``reader="python"`` (the eos_kafka
-source): each read task, once it has read its sub-range to the end cut, records
+before its checkpoint is never prepared. ``reader="python"`` (the default, the
+eos_kafka source): each read task, once it has read its sub-range to the end cut, records
 ``(topic, partition, start, end, records)`` in ``eos.read_ranges`` under this
 job run (an idempotent upsert: a retried or speculative task writes the same
 row), and the job commit writes the checkpoint. Either way the checkpoint's
@@ -217,8 +217,8 @@ def run_stage(
     target's Sink (a PostgresSink, a FileSink, ...). A sink with
     a :meth:`~airflow_eos.core.sink.Sink.spark_output` is written by Spark's own
     Parquet writer (:func:`~airflow_eos.spark.stage_files.stage_files`); any other through the eos_staging
-    data source and its writer. ``reader``: ``"spark"`` (Spark's own Kafka
-    source, the default) or ``"python"`` (the eos_kafka source, see
+    data source and its writer. ``reader``: ``"python"`` (the eos_kafka
+    source, the default) or ``"spark"`` (Spark's own Kafka source, see
     :func:`~airflow_eos.spark.stage_report.read_transformed`); ``read_options``:
     further eos_kafka options (arrow_batch_rows, end_grace_s, poll_timeout_s).
     """

@@ -103,9 +103,10 @@ def without_keys(transform):
     return lambda df: fn(df).drop("key", "value")
 
 
-@pytest.mark.parametrize("raw", ["from the transform", "read back"])
+@pytest.mark.parametrize("raw, reader", [("from the transform", "python"), ("read back", "python"),
+                                         ("from the transform", "spark")])
 def test_a_window_is_staged_by_sparks_parquet_writer_and_published_once(spark, pg_url, ledger, kafka_config, orders,
-                                                                       root, raw):
+                                                                       root, raw, reader):
     from airflow_eos.spark import run_stage
 
     topic, truth = orders
@@ -116,7 +117,7 @@ def test_a_window_is_staged_by_sparks_parquet_writer_and_published_once(spark, p
     attempt = sink.begin(plan.window)
     transform = ORDERS if raw == "from the transform" else without_keys(ORDERS)
 
-    report = run_stage(spark, plan, attempt, sink, kafka_config, transform, max_bad_records=len(bad))
+    report = run_stage(spark, plan, attempt, sink, kafka_config, transform, max_bad_records=len(bad), reader=reader)
 
     assert (report.records_read, report.rows_staged, report.dead_letters) == (len(truth), len(good), len(bad))
     assert [(r.partition, r.start_offset, r.end_offset, r.records) for r in report.consumed] == [
