@@ -1,8 +1,8 @@
 """The ceilings a window is compared with, measured on the same records in the
 same run: raw confluent-kafka consume (one process per core), raw PostgreSQL
 COPY of the rows the transform produces (one connection per core, encoded
-beforehand as the sink encodes them: binary COPY), raw Spark read of the planned ranges (eos_kafka count(),
-in-process local[cores] session, warm)."""
+beforehand as the sink encodes them: binary COPY), raw Spark read of the planned ranges (count() with each
+reader: Spark's own Kafka source, observed, and the eos_kafka source; in-process local[cores] session, warm)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import threading
 import time
 
 from measure import CpuMeter, checkpoint, mean_cpu
+
+from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK
+from airflow_eos.spark.submit import DEFAULT_READER, READERS
 from records import HOUR, T0, TARGET_COLUMNS, TOPIC, transformed_rows
 
 COPY_TABLE = "analytics.orders_copy"
@@ -27,13 +30,15 @@ def measure_ceilings(size: int, ends: dict[int, int], bootstrap: str, pg_url: st
     n, s, cpu = raw_copy(url, transformed_rows(ends, f"copy_{size}"), cores, meter)
     assert n == size, (n, size)
     r["ceiling_copy"] = {"seconds": s, "records_per_s": size / s, "connections": cores, "cpu_s": cpu}
-    sr = spark_read(bootstrap, {size: ends}, {size: TOPIC}, cores, meter)
-    r["ceiling_spark_read"] = {"seconds": sr[size], "records_per_s": size / sr[size],
-                               "session_start_s": sr["session_start_s"], "cold_s": sr["cold_s"],
-                               "cpu_s": sr[("cpu", size)]}
+    for reader in READERS:  # the default reader is the ceiling; the other is measured beside it
+        sr = spark_read(bootstrap, {size: ends}, {size: TOPIC}, cores, meter, reader=reader)
+        key = "ceiling_spark_read" if reader == DEFAULT_READER else f"ceiling_spark_read_{reader}"
+        r[key] = {"seconds": sr[size], "records_per_s": size / sr[size], "reader": reader,
+                  "session_start_s": sr["session_start_s"], "cold_s": sr["cold_s"], "cpu_s": sr[("cpu", size)]}
+    reads = ", ".join(f"{r[k]['reader']} {size / r[k]['seconds']:,.0f}/s ({r[k]['cpu_s']['ours']:.2f} core-s)"
+                      for k in r if k.startswith("ceiling_spark_read"))
     print(f"   ceilings: consume {size / r['ceiling_consume']['seconds']:,.0f}/s, "
-          f"COPY {size / r['ceiling_copy']['seconds']:,.0f}/s, spark read {size / sr[size]:,.0f}/s",
-          flush=True)
+          f"COPY {size / r['ceiling_copy']['seconds']:,.0f}/s, spark read: {reads}", flush=True)
     return r
 
 
@@ -164,15 +169,26 @@ def raw_copy(url: str, table, connections: int, meter: CpuMeter) -> tuple[int, f
 
 
 def spark_read(bootstrap: str, ends_by_size: dict[int, dict[int, int]], topics: dict[int, str], cores: int,
-               meter: CpuMeter, runs: int = 2) -> dict:
-    """eos_kafka count() of each size's ranges in one in-process session: one cold
-    run first, then the median of ``runs`` warm runs per size (and their mean CPU)."""
+               meter: CpuMeter, runs: int = 2, reader: str = DEFAULT_READER) -> dict:
+    """count() of each size's ranges read by ``reader`` (Spark's own Kafka source,
+    observed as the stage job observes it, or the eos_kafka source) in one
+    in-process session: one cold run first, then the median of ``runs`` warm
+    runs per size (and their mean CPU)."""
     from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
-    from airflow_eos.spark import read_plan, spark_session, stop_session
+    from airflow_eos.spark import spark_session, stop_session
+
+    def read_plan(spark, plan, config):
+        if reader == DEFAULT_READER:
+            from airflow_eos.spark.kafka_native import read_plan_native
+
+            return read_plan_native(spark, plan, config, max_records_per_task=DEFAULT_MAX_RECORDS_PER_TASK)[0]
+        from airflow_eos.spark.kafka_source import read_plan as read_eos_kafka
+
+        return read_eos_kafka(spark, plan, config)
 
     out: dict = {}
     started = time.perf_counter()
-    spark = spark_session("eos-bench-read", master=f"local[{cores}]")
+    spark = spark_session(f"eos-bench-read-{reader}", master=f"local[{cores}]")
     try:
         spark.sparkContext.setLogLevel("ERROR")
         out["session_start_s"] = time.perf_counter() - started

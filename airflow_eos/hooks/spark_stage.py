@@ -25,7 +25,14 @@ from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.target import DEFAULT_CONN_IDS, SPARK, TargetSpec
 from airflow_eos.core.windows import WindowPlan
-from airflow_eos.spark.submit import StageJobOutput, stage_job_arguments, stage_job_environment, stage_job_path
+from airflow_eos.spark.connector import kafka_connector_jars
+from airflow_eos.spark.submit import (
+    DEFAULT_READER,
+    StageJobOutput,
+    stage_job_arguments,
+    stage_job_environment,
+    stage_job_path,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -113,11 +120,11 @@ class EosSparkStageHook(BaseHook):
 
     def run(self, plan: WindowPlan, attempt: Attempt, *, target: TargetSpec, sink: Sink,
             kafka_config: Mapping[str, Any], transform: str | None, max_records_per_task: int,
-            max_bad_records: int) -> dict | None:
+            max_bad_records: int, reader: str = DEFAULT_READER) -> dict | None:
         """Run the stage job of ``attempt`` (open, of ``plan``'s window) into
         ``sink`` (``target``: its bound spec); return the job's report (None when
         spark-submit's output did not carry it, e.g. in cluster deploy mode)."""
-        limits = {"max_records_per_task": max_records_per_task, "max_bad_records": max_bad_records}
+        limits = {"max_records_per_task": max_records_per_task, "max_bad_records": max_bad_records, "reader": reader}
         if self.spark_connect_url is not None:
             return self._on_spark_connect(plan, attempt, sink, kafka_config, transform, **limits)
         arguments = stage_job_arguments(plan, attempt, transform=transform, **limits)
@@ -142,7 +149,7 @@ class EosSparkStageHook(BaseHook):
         env = {**self.env_vars, **stage_job_environment(target, dict(kafka_config), local=local)}
         output = StageJobOutput()
         self._running = EosSparkSubmitHook(conn_id=self.conn_id, conf=conf, env_vars=env, application_args=arguments,
-                                           on_output_line=output.read, **self.spark_submit_args)
+                                           on_output_line=output.read, **self._submit_args())
         try:
             self._running.submit(self.application)
         except AirflowException as exc:
@@ -156,8 +163,16 @@ class EosSparkStageHook(BaseHook):
             self._running = None
         return output.report
 
+    def _submit_args(self) -> dict[str, Any]:
+        """The SparkSubmitHook arguments: ``spark_submit_args`` with Spark's Kafka
+        connector added to its ``jars`` (spark-submit ships them to a cluster's
+        executors too)."""
+        args = dict(self.spark_submit_args)
+        args["jars"] = ",".join([*filter(None, str(args.get("jars") or "").split(",")), *kafka_connector_jars()])
+        return args
+
     def _on_spark_connect(self, plan: WindowPlan, attempt: Attempt, sink: Sink, kafka_config: Mapping[str, Any],
-                          transform: str | None, **limits: int) -> dict:
+                          transform: str | None, **limits: Any) -> dict:
         """The stage job on the Spark Connect server's driver, this task its client."""
         # pyspark only here: a spark-submit stage never loads it in the Airflow worker.
         from airflow_eos.spark.session import spark_session, stop_session

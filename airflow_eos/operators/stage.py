@@ -15,6 +15,7 @@ from airflow_eos.core.source import KafkaSource
 from airflow_eos.core.target import DEFAULT_CONN_IDS, SPARK, TargetSpec, as_spec
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.operators.base import TargetHooks
+from airflow_eos.spark.submit import DEFAULT_READER, READERS
 from airflow_eos.spark.transform import check_transform, parse_transform
 
 # The hooks and the steps are imported when a task runs: they load the Kafka and
@@ -63,6 +64,8 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
     :param max_records_per_task: Kafka ranges wider than this are split over tasks
     :param max_bad_records: records the transform may reject into the dead-letter
         table before the window fails
+    :param reader: how the job reads the plan: ``"python"`` (the eos_kafka Python data source
+        over confluent-kafka, the default) or ``"spark"`` (Spark's own Kafka source)
     :param conn_id: a ``spark`` or a ``spark_connect`` connection
     :param conf: Spark settings (templated)
     :param name: the Spark application's name (templated)
@@ -84,6 +87,7 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
         transform: str | None = None,
         max_records_per_task: int = 1_000_000,
         max_bad_records: int = 0,
+        reader: str = DEFAULT_READER,
         conn_id: str = DEFAULT_CONN_IDS[SPARK],
         conf: dict[str, Any] | None = None,
         name: str = "airflow-eos-stage",
@@ -99,12 +103,15 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
             parse_transform(transform)
         if max_records_per_task < 1 or max_bad_records < 0:
             raise ValueError("max_records_per_task must be >= 1 and max_bad_records >= 0")
+        if reader not in READERS:
+            raise ValueError(f"reader must be one of {list(READERS)}, got {reader!r}")
         self.plan = plan
         self.source = source
         self.target = as_spec(target)
         self.transform = transform
         self.max_records_per_task = max_records_per_task
         self.max_bad_records = max_bad_records
+        self.reader = reader
         self.conn_id = conn_id
         self.conf = conf
         self.name = name
@@ -157,7 +164,7 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
         return self.spark_hook.run(plan, attempt, target=self.target_hook.bound, sink=self.sink,
                                    kafka_config=self.kafka_config, transform=self.transform,
                                    max_records_per_task=self.max_records_per_task,
-                                   max_bad_records=self.max_bad_records)
+                                   max_bad_records=self.max_bad_records, reader=self.reader)
 
     def on_kill(self) -> None:
         self.spark_hook.on_kill()

@@ -2,7 +2,7 @@
 the contract: arguments, and the target and Kafka settings in the environment)::
 
     spark-submit --master local[2] airflow_eos/spark/job.py --plan PLAN_JSON --attempt ATTEMPT_JSON \\
-        --max-records-per-task N --max-bad-records N [--transform module:function]
+        --max-records-per-task N --max-bad-records N [--transform module:function] [--reader spark]
 
 Master and conf come from spark-submit, so it runs unchanged on a cluster (whose
 executors need airflow-eos installed, or shipped with ``--py-files``). The work is
@@ -30,6 +30,7 @@ from airflow_eos.core.windows import WindowPlan  # noqa: E402
 from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK  # noqa: E402
 from airflow_eos.spark.stage import StageReport, run_stage  # noqa: E402
 from airflow_eos.spark.stage_settings import DEFAULT_ROWS_PER_CHUNK  # noqa: E402
+from airflow_eos.spark.submit import DEFAULT_READER, READERS  # noqa: E402
 
 log = logging.getLogger("airflow_eos.spark.job")  # not __main__, as a script
 
@@ -44,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-records-per-task", type=int, default=DEFAULT_MAX_RECORDS_PER_TASK)
     parser.add_argument("--max-bad-records", type=int, default=0)
     parser.add_argument("--rows-per-chunk", type=int, default=DEFAULT_ROWS_PER_CHUNK)
+    parser.add_argument("--reader", choices=READERS, default=DEFAULT_READER,
+                        help="the eos_kafka Python source (python, the default) or Spark's own Kafka source")
     return parser
 
 
@@ -74,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = run_stage(spark, plan, attempt, target, kafka_config, args.transform,
                            max_records_per_task=args.max_records_per_task, max_bad_records=args.max_bad_records,
-                           rows_per_chunk=args.rows_per_chunk)
+                           rows_per_chunk=args.rows_per_chunk, reader=args.reader)
     except EosError as exc:
         log.error("stage job failed: %s", exc)
         print(error_line(exc), flush=True)

@@ -4,20 +4,31 @@ checkpoint on Spark's job commit.
 
 One job run, in Spark's terms::
 
-    read_plan(plan)  ──►  transform(df)  ──►  df.write.format("eos_staging").save()
-    (eos_kafka source:     (user code,          write tasks: COPY into the staging;
-     one task per range,    may shuffle)        job commit: the checkpoint;
-     reports each range                         job abort: the attempt is aborted,
-     it read completely)                        its staging dropped)
+    read the plan  ──►  transform(df)  ──►  df.write.format("eos_staging").save()  ──►  checkpoint
+    (Spark's Kafka        (user code,         write tasks: COPY into the staging;      (the driver, from
+     source, observed;     may shuffle)       job commit: the chunks (or, after the     the observed read)
+     or eos_kafka, each                       eos_kafka source, the checkpoint);
+     task reporting                           job abort: the attempt is aborted,
+     what it read)                            its staging dropped
 
-**What was consumed.** Each read task, once it has read its sub-range to the end
-cut, records ``(topic, partition, start, end, records)`` in ``eos.read_ranges``
-under this job run (an idempotent upsert: a retried or speculative task writes
-the same row). The job commit assembles the checkpoint's consumed ranges from
-those rows, so they are what was actually read, counted exactly, without a
-second read of Kafka, even when the transform shuffles and the write tasks never
-see a record's lineage. A plan not read completely (a gap, an overlap, a
-partition short of its end cut) fails the job commit: no checkpoint.
+**What was consumed.** ``reader="spark"``: Spark's own Kafka
+source reads the plan (:mod:`airflow_eos.spark.kafka_native`, which says what
+that source guarantees about reaching each end cut) and ``observe`` counts, per
+sub-range, the records it yielded and their first and last offset, in the same
+pass. Spark hands those metrics to the driver only after the job, so the job
+commit records just the chunks it accepted, and the driver, once the job has
+returned, records the observed sub-ranges in ``eos.read_ranges`` and writes the
+checkpoint (stage_report.checkpoint_after_job). The attempt stays open until
+then, and prepare waits while an attempt is open: a staging whose driver died
+before its checkpoint is never prepared. ``reader="python"`` (the default, the
+eos_kafka source): each read task, once it has read its sub-range to the end cut, records
+``(topic, partition, start, end, records)`` in ``eos.read_ranges`` under this
+job run (an idempotent upsert: a retried or speculative task writes the same
+row), and the job commit writes the checkpoint. Either way the checkpoint's
+consumed ranges come from those rows, counted without a second read of Kafka,
+even when the transform shuffles and the write tasks never see a record's
+lineage; a plan not read completely (a gap, an overlap, a partition short of its
+end cut) fails the stage: no checkpoint.
 
 **Transform.** ``module:function``, DataFrame -> DataFrame, called on the driver
 with the window's records in the schema of Spark's Kafka source (key, value,
@@ -121,6 +132,7 @@ from airflow_eos.core.database import redact
 from airflow_eos.core.errors import (
     AttemptClosed,
     ConfigurationError,
+    EosError,
     WindowConflict,
     WindowNotPlanned,
 )
@@ -133,6 +145,7 @@ from airflow_eos.spark.stage_report import (
     StageFailed,
     StageReport,
     abort_after_failure,
+    checkpoint_after_job,
     checkpointed_report,
     describe_attempt_state,
     log_plan,
@@ -150,6 +163,7 @@ from airflow_eos.spark.stage_settings import (
 )
 from airflow_eos.spark.stager import StagedTask, TooManyBadRecords
 from airflow_eos.spark.staging_source import StagingDataSource, commit_stage, register
+from airflow_eos.spark.submit import DEFAULT_READER, READERS
 from airflow_eos.spark.transform import load_transform
 from airflow_eos.spark.udf import ERROR_COLUMN, catch_errors, describe_error, safe_udf
 
@@ -190,6 +204,7 @@ def run_stage(
     max_bad_records: int = 0,
     rows_per_chunk: int = DEFAULT_ROWS_PER_CHUNK,
     read_options: Mapping[str, Any] | None = None,
+    reader: str = DEFAULT_READER,
 ) -> StageReport:
     """Stage one attempt of a window: read exactly ``plan``, apply ``transform``,
     stage into the attempt's staging, checkpoint on job commit. Returns what the
@@ -202,13 +217,17 @@ def run_stage(
     target's Sink (a PostgresSink, a FileSink, ...). A sink with
     a :meth:`~airflow_eos.core.sink.Sink.spark_output` is written by Spark's own
     Parquet writer (:func:`~airflow_eos.spark.stage_files.stage_files`); any other through the eos_staging
-    data source and its writer. ``read_options``: further eos_kafka options
-    (arrow_batch_rows, end_grace_s, poll_timeout_s).
+    data source and its writer. ``reader``: ``"python"`` (the eos_kafka
+    source, the default) or ``"spark"`` (Spark's own Kafka source, see
+    :func:`~airflow_eos.spark.stage_report.read_transformed`); ``read_options``:
+    further eos_kafka options (arrow_batch_rows, end_grace_s, poll_timeout_s).
     """
     started = time.perf_counter()
     url = target.ledger.url
     if max_bad_records < 0 or max_records_per_task < 1 or rows_per_chunk < 1:
         raise ConfigurationError("max_bad_records must be >= 0, max_records_per_task and rows_per_chunk >= 1")
+    if reader not in READERS:
+        raise ConfigurationError(f"reader must be one of {list(READERS)}, got {reader!r}")
     run = uuid.uuid4().hex[:12]
     _check_attempt(target, plan, attempt)
     try:
@@ -219,29 +238,33 @@ def run_stage(
     if output is not None:
         return stage_files(spark, plan, attempt, target, output, kafka_config, transform, run=run,
                            started=started, max_records_per_task=max_records_per_task,
-                           max_bad_records=max_bad_records, read_options=read_options)
+                           max_bad_records=max_bad_records, read_options=read_options, reader=reader)
     return _stage_rows(spark, plan, attempt, target, kafka_config, transform, url=url, run=run, started=started,
                        max_records_per_task=max_records_per_task, max_bad_records=max_bad_records,
-                       rows_per_chunk=rows_per_chunk, read_options=read_options)
+                       rows_per_chunk=rows_per_chunk, read_options=read_options, reader=reader)
 
 
 def _stage_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink,
                 kafka_config: Mapping[str, Any], transform, *, url: str, run: str, started: float,
                 max_records_per_task: int, max_bad_records: int, rows_per_chunk: int,
-                read_options: Mapping[str, Any] | None) -> StageReport:
+                read_options: Mapping[str, Any] | None, reader: str) -> StageReport:
     """run_stage's path for a sink that takes rows: the ``eos_staging`` data
-    source's write tasks stage them, its job commit writes the checkpoint."""
+    source's write tasks stage them; its job commit writes the checkpoint, or,
+    when what was read is observed on Spark's Kafka source (known only after
+    the job), records the chunks it accepted and the driver writes the
+    checkpoint after the job (stage_report.checkpoint_after_job)."""
     log.info("staging %s (run %s) into %s: %d planned range(s), at most %d records, max_bad_records=%d",
              attempt, run, target.label, len(plan.ranges), plan.max_records, max_bad_records)
     log_plan(plan)
     try:
         staging = target.writer(attempt)
         not_null = target.not_null_columns(staging.columns)
-        out, fn = read_transformed(spark, plan, kafka_config, transform, url=url, attempt=attempt, run=run,
-                                   max_records_per_task=max_records_per_task, read_options=read_options)
+        out, fn, observation = read_transformed(spark, plan, kafka_config, transform, url=url, attempt=attempt,
+                                                run=run, max_records_per_task=max_records_per_task,
+                                                read_options=read_options, reader=reader)
         rows, layout = writer_input(out, staging.columns, not_null, table=target.label, strict=fn is not None)
         settings = StageSettings(target, attempt, plan, run, layout, max_bad_records, rows_per_chunk,
-                                 kafka_config=kafka_config)
+                                 kafka_config=kafka_config, checkpoint_by_driver=observation is not None)
     except Exception as exc:
         # Nothing was staged; end the attempt rather than leave it for the abort task or the sweep.
         abort_after_failure(target, attempt, f"stage job run {run} failed before writing: {exc}")
@@ -257,11 +280,32 @@ def _stage_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
         message, error = spark_failure(exc)
         state = describe_attempt_state(target, attempt)
         raise StageFailed(f"the stage job of {attempt} failed ({state}): {message}", error=error) from exc
+    if observation is not None:
+        _checkpoint_rows(target, attempt, run, plan, observation)
     finished = time.perf_counter()
     report = checkpointed_report(target, attempt, run, {"setup": setup - started, "job": finished - setup})
     report.seconds["total"] = time.perf_counter() - started
     log_report(report)
     return report
+
+
+def _checkpoint_rows(target: Sink, attempt: Attempt, run: str, plan: WindowPlan, observation) -> None:
+    """The checkpoint of a job whose read was observed: written here, after the
+    job, from the observed read and the chunks its job commit recorded; a
+    failure aborts the attempt (as the job commit's would have) and raises StageFailed."""
+
+    def chunks() -> list:
+        with target.ledger.connect() as conn:
+            return list(attempts.load_checkpoint(conn, attempt).chunks)
+
+    try:
+        checkpoint_after_job(target, attempt, run, plan, observation, chunks)
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        abort_after_failure(target, attempt, f"stage job run {run} failed at its checkpoint: {message}")
+        state = describe_attempt_state(target, attempt)
+        raise StageFailed(f"the stage job of {attempt} failed ({state}): {message}",
+                          error=type(exc).__name__ if isinstance(exc, EosError) else None) from exc
 
 
 __all__ = [

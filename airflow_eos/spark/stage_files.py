@@ -27,6 +27,7 @@ from airflow_eos.spark.stage_report import (
     StageFailed,
     StageReport,
     abort_after_failure,
+    checkpoint_after_job,
     checkpointed_report,
     describe_attempt_state,
     log_plan,
@@ -34,9 +35,6 @@ from airflow_eos.spark.stage_report import (
     make_session_active,
     read_transformed,
     spark_failure,
-)
-from airflow_eos.spark.stage_settings import (
-    read_coverage,
 )
 from airflow_eos.spark.stager import DEAD_LETTER_SAMPLES, TooManyBadRecords, too_many_message
 from airflow_eos.spark.udf import ERROR_COLUMN
@@ -53,7 +51,7 @@ log = logging.getLogger("airflow_eos.spark.stage")
 def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink, output: SparkOutput,
                 kafka_config: Mapping[str, Any], transform, *, run: str, started: float,
                 max_records_per_task: int, max_bad_records: int,
-                read_options: Mapping[str, Any] | None) -> StageReport:
+                read_options: Mapping[str, Any] | None, reader: str) -> StageReport:
     """Stage into a sink that takes files (``output``, see Sink.spark_output)
     with Spark's own Parquet writer: the rows never pass through Python.
 
@@ -67,14 +65,15 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
     log.info("staging %s (run %s) into %s with Spark's Parquet writer: %d planned range(s), at most %d records, "
              "max_bad_records=%d", attempt, run, output.data, len(plan.ranges), plan.max_records, max_bad_records)
     log_plan(plan)
-    rows, layout = _transformed_rows(spark, plan, attempt, target, output, kafka_config, transform, run=run,
-                                     max_records_per_task=max_records_per_task, read_options=read_options)
+    rows, layout, observation = _transformed_rows(spark, plan, attempt, target, output, kafka_config, transform,
+                                                  run=run, max_records_per_task=max_records_per_task,
+                                                  read_options=read_options, reader=reader)
     setup = time.perf_counter()
     log.info("%s: set up in %.2fs; writing %d column(s) %s (read + transform + write, then the checkpoint)",
              attempt, setup - started, len(layout.staged), list(layout.staged))
     make_session_active(spark)
     written = _write_and_checkpoint(spark, rows, layout, plan, attempt, target, output, kafka_config, run=run,
-                                    max_bad_records=max_bad_records)
+                                    max_bad_records=max_bad_records, observation=observation)
     finished = time.perf_counter()
     report = checkpointed_report(target, attempt, run, {"setup": setup - started, "job": written - setup,
                                                         "checkpoint": finished - written})
@@ -85,17 +84,19 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
 
 def _transformed_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink, output: SparkOutput,
                       kafka_config: Mapping[str, Any], transform, *, run: str, max_records_per_task: int,
-                      read_options: Mapping[str, Any] | None) -> tuple["DataFrame", Layout]:
-    """The transform's output over the planned ranges, shaped for the files, and
-    its Layout, once the files an earlier run of the job left are deleted; a
-    failure here aborts the attempt before anything is written."""
+                      read_options: Mapping[str, Any] | None, reader: str) -> tuple["DataFrame", Layout, Any]:
+    """The transform's output over the planned ranges, shaped for the files, its
+    Layout and the ObservedRead of the read (None: the eos_kafka source's), once
+    the files an earlier run of the job left are deleted; a failure here aborts
+    the attempt before anything is written."""
     try:
         cleared = target.clear_writes(attempt)
         if cleared:
             log.info("%s: deleted %d file(s) an earlier run of the stage job left in its staging", attempt, cleared)
-        out, fn = read_transformed(spark, plan, kafka_config, transform, url=target.ledger.url, attempt=attempt,
-                                   run=run, max_records_per_task=max_records_per_task, read_options=read_options)
-        return _file_rows(out, output, target, strict=fn is not None)
+        out, fn, observation = read_transformed(spark, plan, kafka_config, transform, url=target.ledger.url,
+                                                attempt=attempt, run=run, max_records_per_task=max_records_per_task,
+                                                read_options=read_options, reader=reader)
+        return (*_file_rows(out, output, target, strict=fn is not None), observation)
     except Exception as exc:
         abort_after_failure(target, attempt, f"stage job run {run} failed before writing: {exc}")
         raise
@@ -103,7 +104,7 @@ def _transformed_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt,
 
 def _write_and_checkpoint(spark: "SparkSession", rows: "DataFrame", layout: Layout, plan: WindowPlan,
                           attempt: Attempt, target: Sink, output: SparkOutput, kafka_config: Mapping[str, Any], *,
-                          run: str, max_bad_records: int) -> float:
+                          run: str, max_bad_records: int, observation=None) -> float:
     """Write the good rows and the dead letters (at most ``max_bad_records``)
     into the output, then the checkpoint; returns when (``perf_counter``) the
     writes ended and the checkpoint began. A failure aborts the attempt and
@@ -117,9 +118,7 @@ def _write_and_checkpoint(spark: "SparkSession", rows: "DataFrame", layout: Layo
         if dead_count:
             _write_dead_letters(spark, persisted, layout, output, kafka_config)
         written = time.perf_counter()
-        reported = read_coverage(target.ledger.url, attempt, run, plan)
-        chunks = target.staged_chunks(attempt)
-        target.checkpoint(attempt, [r for r, _ in reported], chunks)
+        checkpoint_after_job(target, attempt, run, plan, observation, lambda: target.staged_chunks(attempt))
     except Exception as exc:
         raise _write_failed(spark, exc, target, attempt, run, output.data) from exc
     finally:

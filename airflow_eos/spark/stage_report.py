@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.stage_settings import (
     load_read_ranges,
 )
+from airflow_eos.spark.submit import SPARK_READER
 from airflow_eos.spark.udf import MAX_ERROR_CHARS
 
 if TYPE_CHECKING:
@@ -164,22 +166,54 @@ def checkpointed_report(target: Sink, attempt: Attempt, run: str, seconds: dict[
 
 
 def read_transformed(spark: "SparkSession", plan: WindowPlan, kafka_config: Mapping, transform, *, url: str,
-                     attempt: Attempt, run: str, max_records_per_task: int, read_options: Mapping | None):
-    """The window's records as the stage job reads them (exactly the plan, each
-    read task reporting what it consumed) with the transform applied: (the
-    output DataFrame, the loaded transform or None). Shared by both writers."""
-    from airflow_eos.spark.kafka_source import read_plan
+                     attempt: Attempt, run: str, max_records_per_task: int, read_options: Mapping | None,
+                     reader: str):
+    """The window's records as the stage job reads them (exactly the plan) with
+    the transform applied: (the output DataFrame, the loaded transform or None,
+    the ObservedRead of the read or None). ``reader``: ``"spark"``, Spark's own
+    Kafka source, observed (the driver records what was read after the job,
+    stage_settings.record_observed_reads); ``"python"``, the eos_kafka source,
+    whose read tasks report what they read themselves. Shared by both writers."""
     from airflow_eos.spark.layout import records_as_read
-    from airflow_eos.spark.stage_settings import REPORT_HOOK, report_options
     from airflow_eos.spark.staging_source import register
     from airflow_eos.spark.transform import load_transform
 
     register(spark)
-    records = read_plan(spark, plan, kafka_config, max_records_per_task=max_records_per_task,
-                        report=REPORT_HOOK, report_options=report_options(url, attempt, run), **(read_options or {}))
+    observation = None
+    if reader == SPARK_READER:
+        from airflow_eos.spark.kafka_native import read_plan_native
+
+        records, observation = read_plan_native(spark, plan, kafka_config, max_records_per_task=max_records_per_task)
+    else:
+        from airflow_eos.spark.kafka_source import read_plan
+        from airflow_eos.spark.stage_settings import REPORT_HOOK, report_options
+
+        records = read_plan(spark, plan, kafka_config, max_records_per_task=max_records_per_task, report=REPORT_HOOK,
+                            report_options=report_options(url, attempt, run), **(read_options or {}))
     fn = load_transform(transform)
     out = records_as_read(records) if fn is None else fn(records)
     if not hasattr(out, "write") or not hasattr(out, "columns"):
         raise ConfigurationError(f"transform {transform!r} returned {type(out).__name__}, not a DataFrame")
-    return out, fn
+    return out, fn, observation
 
+
+def checkpoint_after_job(target: Sink, attempt: Attempt, run: str, plan: WindowPlan, observation,
+                         chunks: Callable[[], list]) -> None:
+    """The checkpoint, written by the driver once the job returned: what it read
+    (``observation``, a kafka_native.ObservedRead, recorded first; None: the
+    eos_kafka read tasks recorded it themselves), checked to cover the plan, and ``chunks()``. Sound
+    because prepare waits while an attempt has no checkpoint (core/attempt/prepare.py):
+    a staging whose driver died before this line is never prepared, and the abort
+    task or the sweep drops it."""
+    from airflow_eos.spark.stage_settings import read_coverage, record_observed_reads
+
+    started = time.perf_counter()
+    url = target.ledger.url
+    if observation is not None:
+        record_observed_reads(url, attempt, run, observation)
+    reported = read_coverage(url, attempt, run, plan)
+    checkpoint = target.checkpoint(attempt, [r for r, _ in reported], chunks())
+    log.info("%s: the driver wrote the checkpoint after the job in %.2fs: %d records read by %d read task(s), "
+             "%d rows staged and %d dead letters in %d chunk(s)", attempt, time.perf_counter() - started,
+             sum(r.records for r, _ in reported), len(reported), checkpoint.row_count, checkpoint.dead_letter_count,
+             len(checkpoint.chunks))

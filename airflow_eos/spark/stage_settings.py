@@ -8,7 +8,9 @@
 - report_read, the eos_kafka source's report hook (REPORT_HOOK, resolved by
   name inside Spark's workers): each read task that read its sub-range to the end
   cut records it in the ledger (core.attempt.record_read_range); the job commit
-  loads those reports (load_read_ranges) as what the attempt consumed.
+  loads those reports (load_read_ranges) as what the attempt consumed. With
+  Spark's own Kafka source the driver records them after the job from the
+  metrics observed on the read (record_observed_reads), then writes the checkpoint.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class StageSettings:
     # that lack their key and value back by lineage (TaskStager._read_back_raw).
     # run_stage always sets them; empty only where a test stages without Kafka.
     kafka_config: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    # The driver writes the checkpoint after the job (Spark's own Kafka source: what was read
+    # is known from observed metrics only then); the job commit only records its chunks.
+    checkpoint_by_driver: bool = False
 
     def to_options(self) -> dict[str, str]:
         # One option per Kafka setting, as the eos_kafka source has them, so that
@@ -74,6 +79,7 @@ class StageSettings:
             "max_bad_records": str(self.max_bad_records),
             "rows_per_chunk": str(self.rows_per_chunk),
             "chunk_bytes": str(self.chunk_bytes),
+            "checkpoint": "driver" if self.checkpoint_by_driver else "job_commit",
         }
 
     @classmethod
@@ -89,6 +95,7 @@ class StageSettings:
                 rows_per_chunk=int(options["rows_per_chunk"]),
                 chunk_bytes=int(options["chunk_bytes"]),
                 kafka_config={k[len(KAFKA_PREFIX):]: v for k, v in options.items() if k.startswith(KAFKA_PREFIX)},
+                checkpoint_by_driver=options.get("checkpoint") == "driver",
             )
         except KeyError as exc:
             raise ConfigurationError(f"the {FORMAT_NAME} data source needs option {exc}; use run_stage") from None
@@ -119,6 +126,23 @@ def report_read(options: Mapping[str, str], task: "KafkaRangePartition", stats: 
             "frozen plan")
 
 
+def record_observed_reads(url: str, attempt: Attempt, run: str, read) -> None:
+    """Spark's own Kafka source: record, on the driver after the job, what the
+    job read of each planned range as observed on the source DataFrame
+    (kafka_native.observed_reads), as the eos_kafka source's read tasks do
+    themselves (``read``: a kafka_native.ObservedRead); read_coverage then
+    checks both alike. Each sub-range is one report, its read seconds unknown (0)."""
+    from airflow_eos.spark.kafka_native import observed_reads
+
+    reads = observed_reads(read)
+    with connect(url, f"read report {attempt}") as conn:
+        for r in reads:
+            first = attempts.record_read_range(conn, attempt, run, r, 0.0)
+            if first != r:
+                raise InvalidCheckpoint(f"{r.tp}: read {r.records} records up to offset {r.end_offset}, but an "
+                                        f"earlier report of this job run says {first.records} up to {first.end_offset}")
+
+
 def load_read_ranges(url: str, attempt: Attempt, run: str) -> list[tuple[ConsumedRange, float]]:
     """The sub-ranges the run's read tasks reported, with their read seconds."""
     with connect(url, f"load read ranges {attempt}") as conn:
@@ -139,4 +163,4 @@ def read_coverage(url: str, attempt: Attempt, run: str, plan: WindowPlan) -> lis
 
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_ROWS_PER_CHUNK", "FORMAT_NAME", "REPORT_HOOK", "StageSettings",
-           "load_read_ranges", "read_coverage", "report_options", "report_read"]
+           "load_read_ranges", "read_coverage", "record_observed_reads", "report_options", "report_read"]

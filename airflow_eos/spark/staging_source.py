@@ -17,6 +17,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Checkpoint
 from airflow_eos.core.errors import ConfigurationError, EosError, InvalidCheckpoint
+from airflow_eos.core.faults import fault_point
 from airflow_eos.spark.kafka_source import register as register_kafka_source
 from airflow_eos.spark.kafka_source import worker_logging
 from airflow_eos.spark.stage_settings import FORMAT_NAME, StageSettings, read_coverage
@@ -99,6 +100,16 @@ def commit_stage(settings: StageSettings, messages: Sequence[StagedTask | None])
     if dead > settings.max_bad_records:
         samples = [s for m in messages for s in m.samples]
         raise TooManyBadRecords(too_many_message(attempt, settings.max_bad_records, dead, samples, "the job"))
+    if settings.checkpoint_by_driver:
+        # What the job read is known to its driver only after the job (observed metrics):
+        # keep the accepted chunks for the checkpoint it writes then (stage.py). The job
+        # commit's part of the checkpoint, so the checkpoint's fault point is here too.
+        fault_point("stage.before_checkpoint")
+        with settings.target.ledger.connect() as conn, conn.transaction():
+            attempts.record_staged_chunks(conn, attempt, tuple(chunks))
+        log.info("%s: job commit recorded %d chunk(s) (%d rows, %d dead letters) for the driver's checkpoint in "
+                 "%.2fs", attempt, len(chunks), sum(m.rows for m in messages), dead, time.perf_counter() - started)
+        return attempts.make_checkpoint([], chunks)
     reported = read_coverage(settings.target.ledger.url, attempt, settings.run, settings.plan)
     consumed = [r for r, _ in reported]
     checkpoint = attempts.make_checkpoint(consumed, chunks)

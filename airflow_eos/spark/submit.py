@@ -40,13 +40,24 @@ ERROR_LINE = "EOS_STAGE_ERROR "
 REPORT_LINE = "EOS_STAGE_REPORT "
 
 
+# How the stage job reads a window's plan (run_stage's ``reader``): Spark's own Kafka source
+# (spark/kafka_native.py) or the eos_kafka Python data source (spark/kafka_source.py).
+SPARK_READER = "spark"
+PYTHON_READER = "python"
+READERS = (SPARK_READER, PYTHON_READER)
+# The default is the one that cost fewer core-seconds in bench/readers.py (2026-11-27, a loaded
+# machine: read ceiling 2.88 vs 3.60, a 1M-record window into PostgreSQL 7.1 vs 10.3, into files
+# 8.6 vs 8.5); an idle bench decides again.
+DEFAULT_READER = PYTHON_READER
+
+
 def stage_job_path() -> str:
     """The file ``spark-submit`` runs; it ships inside this package."""
     return str(Path(__file__).with_name("job.py"))
 
 
 def stage_job_arguments(plan: WindowPlan, attempt: Attempt, *, max_records_per_task: int, max_bad_records: int,
-                        transform: str | None) -> list[str]:
+                        transform: str | None, reader: str = DEFAULT_READER) -> list[str]:
     """The command line of the stage job for one attempt (after the job's path)."""
     return [
         "--plan", plan.to_json(),
@@ -54,6 +65,7 @@ def stage_job_arguments(plan: WindowPlan, attempt: Attempt, *, max_records_per_t
         "--max-records-per-task", str(max_records_per_task),
         "--max-bad-records", str(max_bad_records),
         *(["--transform", transform] if transform else []),
+        *(["--reader", reader] if reader != DEFAULT_READER else []),
     ]
 
 

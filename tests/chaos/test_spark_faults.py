@@ -85,7 +85,9 @@ def test_spark_submit_killed_mid_stage(make_pipeline, tmp_path, tally):
     cmd = [str(bin_dir / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
            stage_job_path(), "--plan", plan.to_json(), "--attempt", json.dumps(attempt.to_dict()),
            "--transform", "harness.chaos:spark_transform",
-           "--max-records-per-task", str(p.max_records_per_task), "--max-bad-records", "1000000"]
+           "--max-records-per-task", str(p.max_records_per_task), "--max-bad-records", "1000000",
+           # the eos_kafka source: its read tasks report while the job runs, which is when the kill lands
+           "--reader", "python"]
     env = {**os.environ, **stage_job_environment(p.target, dict(p.kafka_config), local=True)}
     log = open(tmp_path / "spark-submit.log", "w")
     job = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -229,6 +229,7 @@ def test_a_zombie_stage_attempt_is_never_published(airflow_connections, kafka_co
     from airflow_eos.core.source import KafkaLog
     from airflow_eos.core.windows import Window
     from airflow_eos.examples.transforms import ORDERS_TABLE_DDL
+    from airflow_eos.spark.connector import kafka_connector_jars
     from airflow_eos.spark.submit import stage_job_environment, stage_job_path
 
     pg_url = airflow_connections
@@ -245,7 +246,8 @@ def test_a_zombie_stage_attempt_is_never_published(airflow_connections, kafka_co
     zombie = target.begin(plan.window)
     proc = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", "local[2]",
-         "--conf", "spark.ui.enabled=false", stage_job_path(), "--plan", plan.to_json(),
+         "--conf", "spark.ui.enabled=false", "--jars", ",".join(kafka_connector_jars()), stage_job_path(),
+         "--plan", plan.to_json(),
          "--attempt", json.dumps(zombie.to_dict()), "--max-records-per-task", "1000000",
          "--max-bad-records", "100", "--transform", "airflow_eos.examples.transforms:orders"],
         env={**os.environ, **stage_job_environment(spec, kafka_config, local=True)},

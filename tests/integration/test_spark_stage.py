@@ -524,11 +524,16 @@ def test_a_killed_task_is_retried_and_the_chunks_it_committed_are_never_publishe
     assert_exact(execute(pg_url, "SELECT eos_topic, eos_partition, eos_offset FROM orders"), good)
 
 
-def test_two_attempts_staged_concurrently_only_the_newer_can_be_prepared(spark, pg_url, ledger, kafka_config, mixed):
+@pytest.mark.parametrize("reader", ["python", "spark"])
+def test_two_attempts_staged_concurrently_only_the_newer_can_be_prepared(spark, pg_url, ledger, kafka_config, mixed,
+                                                                        reader):
     """Attempt 1 starts; attempt 2 of the same window is opened (fencing 1) while 1
     is still staging; both jobs run at once. Attempt 1's job commit is refused
     (fenced), its staging dropped; attempt 2 is checkpointed, prepared and
-    committed; only its rows are published."""
+    committed; only its rows are published. With either reader: the eos_kafka
+    read tasks of attempt 1 report what they read before its job commit is
+    refused; with Spark's source, its job commit is refused before it records
+    its chunks for the driver's checkpoint."""
     from airflow_eos.spark import StageFailed, run_stage
 
     topic, truth = mixed
@@ -550,7 +555,8 @@ def test_two_attempts_staged_concurrently_only_the_newer_can_be_prepared(spark, 
 
     def stage(name, attempt, transform):
         try:
-            outcomes[name] = run_stage(spark, plan, attempt, target, kafka_config, transform, max_bad_records=1_000)
+            outcomes[name] = run_stage(spark, plan, attempt, target, kafka_config, transform, max_bad_records=1_000,
+                                       reader=reader)
         except Exception as exc:  # noqa: BLE001 - the outcome is what the test checks
             outcomes[name] = exc
 
@@ -567,7 +573,10 @@ def test_two_attempts_staged_concurrently_only_the_newer_can_be_prepared(spark, 
     assert isinstance(outcomes["older"], StageFailed), outcomes["older"]
     assert outcomes["older"].error == "AttemptFenced", str(outcomes["older"])[:3000]
     assert f"attempt {newer.epoch} of the window was opened after it" in str(outcomes["older"])
-    assert execute(pg_url, "SELECT count(*) FROM eos.read_ranges WHERE epoch = %s", (older.epoch,))[0][0] > 0
+    if reader == "python":
+        assert execute(pg_url, "SELECT count(*) FROM eos.read_ranges WHERE epoch = %s", (older.epoch,))[0][0] > 0
+    else:
+        assert execute(pg_url, "SELECT count(*) FROM eos.checkpoint_chunks WHERE epoch = %s", (older.epoch,)) == [(0,)]
     assert attempt_state(pg_url, older) == "aborted" and not staging_exists(pg_url, older)
     assert outcomes["newer"].rows_staged == len(good)
     with pytest.raises((AttemptFenced, AttemptClosed)):
@@ -698,14 +707,18 @@ def test_job_commit_refuses_a_read_that_does_not_cover_the_plan(pg_url, ledger):
     assert attempt_state(pg_url, attempt) == "checkpointed"
 
 
-def test_spark_submit_runs_the_job_with_the_operators_contract(pg_url, ledger, kafka_config, kafka, tmp_path):
-    """The stage operator's way: ``spark-submit --master local[2] job.py`` with the
-    arguments and environment of airflow_eos.spark.submit, the example DAG's
-    transform and table. Exit 0 with the checkpoint written, then prepare and
-    commit publish the orders and dead-letter the malformed ones. A window with
-    more bad records than allowed exits 1 with a clear message."""
+@pytest.mark.parametrize("reader", ["python", "spark"])
+def test_spark_submit_runs_the_job_with_the_operators_contract(pg_url, ledger, kafka_config, kafka, tmp_path, reader):
+    """The stage operator's way: ``spark-submit --master local[2] --jars CONNECTOR job.py``
+    with the arguments and environment of airflow_eos.spark.submit, the example DAG's
+    transform and table. Exit 0 with the checkpoint written (by the job commit
+    after the eos_kafka source's read; by the driver after the job with Spark's
+    own source), then prepare and commit publish the orders and dead-letter the
+    malformed ones. A window with more bad records than allowed exits 1 with a
+    clear message."""
     from airflow_eos.examples.transforms import ORDERS_TABLE_DDL
-    from airflow_eos.spark.submit import stage_job_environment, stage_job_path
+    from airflow_eos.spark.connector import kafka_connector_jars
+    from airflow_eos.spark.submit import stage_job_arguments, stage_job_environment, stage_job_path
 
     admin = AdminClient({"bootstrap.servers": kafka.address})
     topic = f"stage-submit-{uuid.uuid4().hex[:8]}"
@@ -736,10 +749,10 @@ def test_spark_submit_runs_the_job_with_the_operators_contract(pg_url, ledger, k
                "PYSPARK_DRIVER_PYTHON": sys.executable}
         spark_submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
         return subprocess.run(
-            [spark_submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false", stage_job_path(),
-             "--plan", plan.to_json(), "--attempt", json.dumps(attempt.to_dict()),
-             "--max-records-per-task", "1000", "--max-bad-records", str(max_bad_records),
-             "--transform", "airflow_eos.examples.transforms:orders"],
+            [spark_submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+             "--jars", ",".join(kafka_connector_jars()), stage_job_path(),
+             *stage_job_arguments(plan, attempt, max_records_per_task=1000, max_bad_records=max_bad_records,
+                                  transform="airflow_eos.examples.transforms:orders", reader=reader)],
             capture_output=True, text=True, timeout=240, env=env,
         )
 
@@ -752,7 +765,8 @@ def test_spark_submit_runs_the_job_with_the_operators_contract(pg_url, ledger, k
     assert (report["records_read"], report["rows_staged"], report["dead_letters"]) == \
            (len(records), len(records) - len(malformed), len(malformed))
     assert report["read_tasks"] == 4
-    for progress in ("planned " + topic, "records read by 4 read task(s)", "job commit wrote the checkpoint",
+    wrote = "job commit wrote the checkpoint" if reader == "python" else "the driver wrote the checkpoint"
+    for progress in ("planned " + topic, "records read by 4 read task(s)", wrote,
                      f"read {topic}[1] [0, 2000): 2000 records"):
         assert progress in output, progress  # progress reaches the job's log
     assert password not in output

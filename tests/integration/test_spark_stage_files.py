@@ -114,10 +114,12 @@ def without_keys(transform):
     return lambda df: fn(df).drop("key", "value")
 
 
-@pytest.mark.parametrize("raw, root", [("from the transform", "local"), ("read back", "local"),
-                                       ("from the transform", "hdfs")], indirect=["root"])
+@pytest.mark.parametrize("raw, reader, root", [("from the transform", "python", "local"),
+                                               ("read back", "python", "local"),
+                                               ("from the transform", "spark", "local"),
+                                               ("from the transform", "python", "hdfs")], indirect=["root"])
 def test_a_window_is_staged_by_sparks_parquet_writer_and_published_once(spark, pg_url, ledger, kafka_config, orders,
-                                                                       root, raw):
+                                                                       root, raw, reader):
     from airflow_eos.spark import run_stage
 
     topic, truth = orders
@@ -128,7 +130,7 @@ def test_a_window_is_staged_by_sparks_parquet_writer_and_published_once(spark, p
     attempt = sink.begin(plan.window)
     transform = ORDERS if raw == "from the transform" else without_keys(ORDERS)
 
-    report = run_stage(spark, plan, attempt, sink, kafka_config, transform, max_bad_records=len(bad))
+    report = run_stage(spark, plan, attempt, sink, kafka_config, transform, max_bad_records=len(bad), reader=reader)
 
     assert (report.records_read, report.rows_staged, report.dead_letters) == (len(truth), len(good), len(bad))
     assert [(r.partition, r.start_offset, r.end_offset, r.records) for r in report.consumed] == [

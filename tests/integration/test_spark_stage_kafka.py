@@ -86,8 +86,9 @@ def committed_lineage(sink, pg_url) -> list[tuple]:
     return [tuple(r) for r in rows]
 
 
+@pytest.mark.parametrize("reader", ["python", "spark"])
 def test_a_window_is_staged_by_spark_published_once_and_verified(spark, pg_url, ledger, kafka_config, topics,
-                                                                 source, target_topic, planned):
+                                                                 source, target_topic, planned, reader):
     from airflow_eos.spark import run_stage
 
     truth = produce(topics, source, order_value)
@@ -98,7 +99,8 @@ def test_a_window_is_staged_by_spark_published_once_and_verified(spark, pg_url, 
                        ledger_url=pg_url, kafka_config=kafka_config).sink()
     attempt = sink.begin(plan.window)
 
-    report = run_stage(spark, plan, attempt, sink, kafka_config, ORDERS_TO_TOPIC, max_bad_records=len(bad))
+    report = run_stage(spark, plan, attempt, sink, kafka_config, ORDERS_TO_TOPIC, max_bad_records=len(bad),
+                       reader=reader)
 
     assert (report.records_read, report.rows_staged, report.dead_letters) == (len(truth), len(good), len(bad))
     assert sink.published_records(PIPELINE) == []  # staged in PostgreSQL: nothing in the topic yet

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,6 +151,9 @@ def test_one_spark_version_everywhere():
     pom = (ROOT / "scripts" / "spark-kafka" / "pom.xml").read_text()
     assert pins["pyspark"] == pins["pyspark-client"]
     assert f"<spark.version>{pins['pyspark']}</spark.version>" in pom
+    from airflow_eos.spark.connector import SPARK_VERSION
+
+    assert SPARK_VERSION == pins["pyspark"]
 
 
 def test_the_hdfs_of_the_tests_is_the_hadoop_release_of_sparks_client():
@@ -173,3 +177,29 @@ def test_a_kafka_cluster_id_never_starts_with_a_dash():
     assert cluster_id(lambda: next(draws)) == "AQAAAAAAAAAAAAAAAAAAAA"
     ids = {cluster_id() for _ in range(2000)}
     assert len(ids) == 2000 and not any(i.startswith("-") for i in ids)
+
+
+def test_every_spark_of_the_deployment_has_the_kafka_connector_without_downloading_it():
+    """The image bakes the connector's jars in from the pom the bootstrap uses, and names them with
+    EOS_SPARK_KAFKA_HOME; the Connect server starts with them (spark-submit's jars reach the
+    cluster's executors from the stage hook)."""
+    from airflow_eos.spark.connector import HOME_ENV
+
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY scripts/spark-kafka/pom.xml" in dockerfile and "dependency:copy-dependencies" in dockerfile
+    assert f"ENV {HOME_ENV}=" in dockerfile
+    command = " ".join(SERVICES["spark-connect"]["command"])
+    assert "--jars" in command and "kafka_connector_jars" in command
+    assert "--packages" not in command and "spark.jars.packages" not in command
+
+
+def test_a_missing_connector_names_make_setup(tmp_path, monkeypatch):
+    from airflow_eos.spark.connector import HOME_ENV, kafka_connector_jars
+
+    monkeypatch.setenv(HOME_ENV, str(tmp_path))
+    with pytest.raises(RuntimeError, match="make setup"):
+        kafka_connector_jars()
+    monkeypatch.delenv(HOME_ENV)
+    jars = kafka_connector_jars()
+    assert any(j.endswith("spark-sql-kafka-0-10_2.13-4.2.0.jar") for j in jars)
+    assert any("kafka-clients" in j for j in jars)

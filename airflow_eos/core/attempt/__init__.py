@@ -23,7 +23,13 @@ read a checkpoint and the read tasks' reports), ``prepare`` and
 here; what an attempt staged (core/checkpoint.py) is part of this interface.
 """
 
-from airflow_eos.core.attempt.checkpoints import load_checkpoint, load_read_ranges, record_read_range, write_checkpoint
+from airflow_eos.core.attempt.checkpoints import (
+    load_checkpoint,
+    load_read_ranges,
+    record_read_range,
+    record_staged_chunks,
+    write_checkpoint,
+)
 from airflow_eos.core.attempt.committed import advance_offsets, check_committable, load_offsets, mark_committed
 from airflow_eos.core.attempt.model import (
     ABORTED,
@@ -64,5 +70,5 @@ __all__ = [
     "advance_offsets", "attempt_counts", "check_committable", "check_current", "chunk_problems", "combine_checksums",
     "coverage_problems", "live_attempts", "load_checkpoint", "load_offsets", "load_read_ranges", "load_state",
     "load_status", "make_checkpoint", "mark_aborted", "mark_committed", "open_attempt", "prepare",
-    "record_read_range", "stale_attempts", "staging_name", "write_checkpoint",
+    "record_read_range", "record_staged_chunks", "stale_attempts", "staging_name", "write_checkpoint",
 ]

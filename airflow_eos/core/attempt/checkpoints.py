@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from airflow_eos.core.attempt.model import CHECKPOINTED, PREPARED, Attempt, check_current
+from airflow_eos.core.attempt.model import CHECKPOINTED, OPEN, PREPARED, Attempt, check_current
 from airflow_eos.core.attempt.rows import load_status
 from airflow_eos.core.checkpoint import Checkpoint, ConsumedRange, StagedChunk
 from airflow_eos.core.errors import AttemptClosed
@@ -26,18 +26,13 @@ def write_checkpoint(conn: psycopg.Connection, attempt: Attempt, checkpoint: Che
         raise AttemptClosed(f"cannot checkpoint {attempt}: it is prepared already, its checkpoint is final")
     key = (attempt.pipeline, attempt.window_start, attempt.epoch)
     conn.execute("DELETE FROM eos.checkpoint_ranges WHERE pipeline = %s AND window_start = %s AND epoch = %s", key)
-    conn.execute("DELETE FROM eos.checkpoint_chunks WHERE pipeline = %s AND window_start = %s AND epoch = %s", key)
     with conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO eos.checkpoint_ranges (pipeline, window_start, epoch, topic, partition,"
             " start_offset, end_offset, records) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
             [(*key, r.topic, r.partition, r.start_offset, r.end_offset, r.records) for r in checkpoint.ranges],
         )
-        cur.executemany(
-            "INSERT INTO eos.checkpoint_chunks (pipeline, window_start, epoch, chunk, rows, dead_letters, checksum)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            [(*key, c.chunk, c.rows, c.dead_letters, c.checksum) for c in checkpoint.chunks],
-        )
+    _replace_chunks(conn, attempt, checkpoint.chunks)
     conn.execute(
         "UPDATE eos.attempts SET state = %s, checkpointed_at = now(), row_count = %s,"
         " dead_letter_count = %s, checksum = %s WHERE pipeline = %s AND window_start = %s AND epoch = %s",
@@ -46,6 +41,32 @@ def write_checkpoint(conn: psycopg.Connection, attempt: Attempt, checkpoint: Che
     log.info("%s checkpointed: %d rows, %d dead letters in %d chunks; %s", attempt, checkpoint.row_count,
              checkpoint.dead_letter_count, len(checkpoint.chunks),
              ", ".join(f"{r.tp} [{r.start_offset}, {r.end_offset}) {r.records} records" for r in checkpoint.ranges))
+
+
+def _replace_chunks(conn: psycopg.Connection, attempt: Attempt, chunks) -> None:
+    key = (attempt.pipeline, attempt.window_start, attempt.epoch)
+    conn.execute("DELETE FROM eos.checkpoint_chunks WHERE pipeline = %s AND window_start = %s AND epoch = %s", key)
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO eos.checkpoint_chunks (pipeline, window_start, epoch, chunk, rows, dead_letters, checksum)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            [(*key, c.chunk, c.rows, c.dead_letters, c.checksum) for c in chunks],
+        )
+
+
+def record_staged_chunks(conn: psycopg.Connection, attempt: Attempt, chunks: tuple[StagedChunk, ...]) -> None:
+    """The chunks a job commit accepted, kept for the checkpoint its driver writes
+    once the job has returned (when what the job read is known only then: Spark's
+    observed metrics reach the driver after the action). This is no checkpoint:
+    the attempt stays open, and prepare waits while an attempt is open
+    (core/attempt/prepare.py), so nothing is prepared or published from these rows
+    until write_checkpoint, which replaces them, made the attempt checkpointed.
+    A fenced or ended attempt cannot record them."""
+    status = load_status(conn, attempt, lock=True)
+    check_current(attempt, status, "stage")
+    if status.state != OPEN:
+        raise AttemptClosed(f"cannot record the staged chunks of {attempt}: it is {status.state} already")
+    _replace_chunks(conn, attempt, chunks)
 
 
 def load_checkpoint(conn: psycopg.Connection, attempt: Attempt) -> Checkpoint:
