@@ -18,6 +18,10 @@ from records import HERE, biggest_window
 FIRST_KEYS = ("e2e_over_ceiling_1m", "overhead_vs_at_least_once_1m", "commit_1m_seconds")
 
 
+# A run that starts above this 1-minute load average publishes no headline figures.
+QUIET_LOAD = 1.5
+
+
 def headline(results: dict) -> dict:
     """The run's headline figures, from its biggest and smallest windows."""
     big = biggest_window(results)
@@ -153,6 +157,11 @@ def _preamble(res: dict) -> str:
 
 
 def _headline_section(res: dict) -> str:
+    load = res["load_average"]["start"][0]
+    if load > QUIET_LOAD:
+        return ("\n## Headline\n\nNone: the load average was "
+                f"{load:.2f} at the start (above {QUIET_LOAD}). A loaded run is not a result; the tables below "
+                "are kept for comparison within this run only.\n")
     return "".join([
         "\n## Headline\n\n",
         f"- 1M window: end-to-end / slowest ceiling = **{res['e2e_over_ceiling_1m']:.2f}** (target ≥ 0.5)\n",

@@ -95,8 +95,12 @@ from machine import heavy_processes, machine_info  # noqa: E402
 from measure import CpuMeter, checkpoint, median_run  # noqa: E402
 from peer import measure_peer, peer_headline, peer_ratios  # noqa: E402
 from records import HERE, HOUR, PARTITIONS, TOPIC, produce  # noqa: E402
-from report import headline, render, render_markdown, write_results  # noqa: E402
+from report import QUIET_LOAD, headline, render, render_markdown, write_results  # noqa: E402
 from windows import airflow_env, load_dags, run_exactly_once  # noqa: E402
+
+
+# Longest wait for a quiet machine before measuring anyway (headline withheld).
+QUIET_WAIT_S = 600.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,11 +153,23 @@ def start_run(args: argparse.Namespace) -> Run:
     logging.basicConfig(level=logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="eos-bench-"))
     airflow_env(work / "airflow-home")
-    run = Run(work, os.getloadavg(), heavy_processes(), datetime.now(timezone.utc), time.perf_counter())
+    run = Run(work, quiet_load(), heavy_processes(), datetime.now(timezone.utc), time.perf_counter())
     print(f"bench: sizes {args.sizes}, load average {run.load_start}, work dir {work}", flush=True)
     if run.busy:
         print("bench: other busy processes now (figures will be lower):\n  " + "\n  ".join(run.busy), flush=True)
     return run
+
+
+def quiet_load(wait_s: float = QUIET_WAIT_S) -> tuple[float, float, float]:
+    """The load average once its 1-minute figure is at most QUIET_LOAD, or
+    after ``wait_s`` (the run then goes on, and its headline is withheld)."""
+    deadline = time.monotonic() + wait_s
+    load = os.getloadavg()
+    while load[0] > QUIET_LOAD and time.monotonic() < deadline:
+        print(f"bench: load average {load[0]:.2f} > {QUIET_LOAD}; waiting for the machine to quiet down", flush=True)
+        time.sleep(30)
+        load = os.getloadavg()
+    return load
 
 
 @dataclass(frozen=True)
