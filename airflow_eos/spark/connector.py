@@ -9,31 +9,29 @@ The Docker image bakes the same jars in (Dockerfile) and names them with
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from airflow_eos.core.jars import JarCache
 
 SPARK_VERSION = "4.2.0"  # scripts/spark-kafka/pom.xml's spark.version; tests/unit/test_deployment.py checks both
 HOME_ENV = "EOS_SPARK_KAFKA_HOME"
 CONNECTOR_JAR = f"spark-sql-kafka-0-10_2.13-{SPARK_VERSION}.jar"
 
 
+CONNECTOR = JarCache(f"spark-kafka-{SPARK_VERSION}", f"Spark's Kafka connector ({CONNECTOR_JAR}) and its jars",
+                     HOME_ENV, CONNECTOR_JAR, "scripts/spark-kafka/pom.xml")
+
+
 def connector_home() -> Path:
     """The directory whose ``lib/`` holds the connector's jars (``EOS_SPARK_KAFKA_HOME``,
     else where scripts/bootstrap.sh puts them)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get(HOME_ENV) or cache / "airflow-eos" / f"spark-kafka-{SPARK_VERSION}")
+    return CONNECTOR.home()
 
 
 def kafka_connector_jars() -> list[str]:
     """The paths of Spark's Kafka connector jars and what they need beyond
     pyspark's own jars; a clear error when ``make setup`` has not fetched them."""
-    lib = connector_home() / "lib"
-    jars = sorted(str(p) for p in lib.glob("*.jar"))
-    if not (connector_home() / ".complete").exists() or not (lib / CONNECTOR_JAR).exists():
-        raise RuntimeError(f"Spark's Kafka connector ({CONNECTOR_JAR}) is not in {lib}: run `make setup` (it "
-                           "fetches the jars with Maven from scripts/spark-kafka/pom.xml), or point "
-                           f"{HOME_ENV} at a directory whose lib/ holds them")
-    return jars
+    return CONNECTOR.jars()
 
 
 __all__ = ["CONNECTOR_JAR", "HOME_ENV", "SPARK_VERSION", "connector_home", "kafka_connector_jars"]
