@@ -107,6 +107,33 @@ class Schedule:
                 + f"faults: {faults}")
 
 
+class _Background(threading.Thread):
+    """A thread of a schedule (the sweeper, the restarter) whose failure fails
+    the schedule: pytest would only warn of an exception in a thread."""
+
+    def __init__(self, name: str, work: Callable[..., None], *args: object) -> None:
+        super().__init__(name=name, daemon=True)
+        self._work, self._args = work, args
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._work(*self._args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the schedule by finish()
+            self.error = exc
+
+    def join_within(self, seconds: float) -> None:
+        if self.is_alive():
+            self.join(seconds)
+
+    def finish(self) -> None:
+        """Raise what the thread died of, if it did, or if it never ended."""
+        if self.is_alive():
+            raise AssertionError(f"the {self.name} did not end within a minute of the first runs")
+        if self.error is not None:
+            raise AssertionError(f"the {self.name} died: {type(self.error).__name__}: {self.error}") from self.error
+
+
 def _sweep_until(h: Harness, stop: threading.Event, rng: random.Random) -> None:
     while not stop.wait(rng.uniform(0.02, 0.4)):
         try:
@@ -134,8 +161,8 @@ def run_schedule(s: Schedule, p: Pipeline, state_root: Path, *,
     h = Harness(p, state_root, faults=dict(s.faults), retries=s.retries)
     h.note(str(s))
     stop = threading.Event()
-    sweeper = threading.Thread(target=_sweep_until, args=(h, stop, random.Random(s.seed * 31 + 7)), daemon=True)
-    restarter = threading.Thread(target=_restart_at, args=(h, s, restart_postgres, stop), daemon=True)
+    sweeper = _Background("sweeper", _sweep_until, h, stop, random.Random(s.seed * 31 + 7))
+    restarter = _Background("PostgreSQL restarter", _restart_at, h, s, restart_postgres, stop)
     try:
         if s.sweep_during:
             sweeper.start()
@@ -145,10 +172,11 @@ def run_schedule(s: Schedule, p: Pipeline, state_root: Path, *,
             first = h.run_many(s.order, parallel=s.parallel)
         finally:
             stop.set()
-            if sweeper.is_alive():
-                sweeper.join(60)
-            if restarter.is_alive():  # the server is back before the recoveries start
-                restarter.join(60)
+            sweeper.join_within(60)
+            restarter.join_within(60)  # the server is back before the recoveries start
+        for thread in (sweeper, restarter):
+            if thread.ident is not None:
+                thread.finish()
         committed = {o.window for o in first if o.state == "success"}
         zombies = []
         for i in s.zombies:
