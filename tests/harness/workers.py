@@ -14,7 +14,7 @@ import os
 
 # Measured in the fresh-clone run of 2026-11-27 06:12 UTC (randomized 407 s, live_stack 329 s, ...); the
 # matrix's three modules and the two marker-expiry modules placed by their share of the module they came from;
-# the file matrix's HDFS cells after the matrix modules (18 cells and an HDFS start: about 2x the CPU of 18 local ones).
+# the file matrix's HDFS cells after the matrix modules (18 cells at ~0.6 CPU-s and an HDFS start, ~9 CPU-s).
 SLOWEST_FIRST = (
     "tests/chaos/test_randomized.py",
     "tests/e2e/test_live_stack.py",

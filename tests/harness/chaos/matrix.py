@@ -39,7 +39,9 @@ of :func:`store_cells`: every fault point with both actions, the recoveries
 rotated. The store changes only what lies under the file system's operations
 (rename, replace, atomic files, listing, deleting a tree) and so the state a
 fault leaves behind at each point; the recoveries are the core's, whatever the
-store, and the local cells run each of them at every point.
+store, and the local cells run each of them at every point. (Measured: a cell
+costs ~0.6 CPU-s on HDFS, ~0.2 on a local root; all 72 on HDFS would add ~35
+CPU-s to a run beside these 18.)
 """
 
 from __future__ import annotations
