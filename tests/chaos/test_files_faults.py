@@ -301,11 +301,14 @@ class Reader(threading.Thread):
         self.wrapped_up = threading.Event()
         self.problems: list[str] = []
         self.seen: list[int | str] = []
+        self.saw_missing = threading.Event()
         self.listings = self.reads = self.retried_reads = self.swaps_seen = 0
 
     def _see(self, version: int | str) -> None:
         if not self.seen or self.seen[-1] != version:
             self.seen.append(version)
+        if version == MISSING:
+            self.saw_missing.set()
 
     def _doc(self) -> dict | None:
         commit_file = f"{self.directory}/{COMMIT_FILE}"
@@ -367,21 +370,21 @@ class Reader(threading.Thread):
         self.join(30)
 
 
-# How long the in-process commit of the HDFS replace waits between its two
-# renames: long enough for the reader to list the window while it is absent.
-HOLD_S = 1.0
+# The longest the in-process commit of the HDFS replace waits between its two renames.
+HOLD_S = 30
 
 
-def hold_between_the_renames(store, monkeypatch) -> None:
-    """HDFS's replace (HdfsFiles.replace) waits HOLD_S once the old version is
-    in the trash, before the new one moves in: the moment without the window,
-    made long enough to be seen."""
+def hold_between_the_renames(store, monkeypatch, until: threading.Event) -> None:
+    """HDFS's replace (HdfsFiles.replace) waits, once the old version is in the
+    trash and before the new one moves in, until the reader has seen the
+    window missing (at most HOLD_S): the moment without the window, held
+    until it is seen, however slowly a loaded machine runs the reader."""
     rename = store.client.rename
 
     def renamed_then_held(src, dst, overwrite=False):
         rename(src, dst, overwrite)
         if f"/{TRASH_DIR}/" in dst:
-            time.sleep(HOLD_S)
+            until.wait(HOLD_S)
 
     monkeypatch.setattr(store.client, "rename", renamed_then_held)
 
@@ -404,9 +407,10 @@ def test_a_replace_while_a_reader_lists_the_window_shows_the_old_version_whole_t
     before = commit_doc(p, 0)
     assert before["epoch"] == 1
     h.faults[0] = fault
+    reader = Reader(p, 0, before["rows"])
     if not exchange and not fault:
-        hold_between_the_renames(files_for(p.root), monkeypatch)
-    with Reader(p, 0, before["rows"]) as reader:
+        hold_between_the_renames(files_for(p.root), monkeypatch, until=reader.saw_missing)
+    with reader:
         run = h.run(0)  # a clear of the committed window: its rows are replaced
     assert run.state == "success", h.history()
     if fault:  # crashed right after the replace; the retry found the partition complete
