@@ -77,6 +77,10 @@ TARGET_POINTS: dict[str, frozenset[str]] = {
 ON_COMMITTED: dict[str, tuple[str, ...]] = {"postgres": ("skip", "replace"), "files": ("skip", "replace"),
                                            "kafka": ("skip",), "iceberg": ("skip", "replace")}
 assert set().union(*TARGET_POINTS.values()) == POINTS, "a fault point was added: say which targets reach it"
+# Where each target's data can live, where it can live in more than one
+# place: the file target's root is a local directory or a directory on HDFS
+# (one Files protocol, airflow_eos/targets/files/storage.py).
+STORES: dict[str, tuple[str, ...]] = {"files": ("local", "hdfs")}
 ACTIONS = ("raise", "crash")
 RECOVERIES = ("retry", "clear", "rerun_later", "backfill")
 

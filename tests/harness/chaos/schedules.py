@@ -15,7 +15,7 @@ from airflow_eos.core.errors import LedgerUnavailable
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 from harness.chaos.checks import Verdict, check
 from harness.chaos.driver import Harness, Zombie
-from harness.chaos.pipeline import ACTIONS, ON_COMMITTED, TARGET_POINTS, Pipeline
+from harness.chaos.pipeline import ACTIONS, ON_COMMITTED, STORES, TARGET_POINTS, Pipeline
 
 # --------------------------------------------------------------------------- randomized schedules
 
@@ -55,12 +55,16 @@ class Schedule:
     # schedule runs on a server of its own (the caller's), its database durable.
     pg_restart: str | None = None
     pg_restart_after: float = 0.0
+    # Where the target's data lives, for a target with several stores (STORES): the
+    # seed's turn, not a draw (a seed keeps every draw it had before stores existed).
+    store: str = "local"
 
     @classmethod
     def draw(cls, seed: int, *, max_windows: int = 5, target: str = "postgres") -> "Schedule":
         """The schedule of ``seed`` on ``target``: faults at the points the
         target's code reaches (for PostgreSQL the same draws as before the file
-        target's points existed)."""
+        target's points existed); on a target with several stores, seed after
+        seed takes them in turn (the file target: even seeds local, odd HDFS)."""
         rng = random.Random(seed)
         points = sorted(TARGET_POINTS[target])
         n = rng.randint(2, max_windows)
@@ -92,11 +96,14 @@ class Schedule:
             pg_restart=(rng.random() < PG_RESTART) and rng.choice(("fast", "immediate")) or None,
             pg_restart_after=round(rng.uniform(0.05, 1.5), 3),
             target=target,
+            store=stores[seed % len(stores)] if (stores := STORES.get(target)) else "local",
         )
 
     def __str__(self) -> str:
         faults = "; ".join(f"w{i}: {spec}" for i, spec in sorted(self.faults.items())) or "none"
         target = f"target mode={self.target_mode}" if self.target == "postgres" else f"target={self.target}"
+        if self.target in STORES:
+            target += f" on {self.store}"
         return (f"schedule seed={self.seed}: {self.windows} windows, {target}, source={self.source}, "
                 f"on_committed={self.on_committed}, "
                 f"retries={self.retries}, parallel={self.parallel}, mirror={self.mirror}, "
