@@ -45,7 +45,8 @@ def avro_topic(topics, schema_registry):
     good = serialize(url, topic, V2, {"id": 0, "amount": 0.0, "note": None})
     values: list[tuple[bytes | None, dict | str]] = []
     for i in range(600):
-        schema, record = (V1, {"id": i, "amount": i / 2}) if i < 300 else (V2, {"id": i, "amount": i / 2, "note": f"n{i}"})
+        record = {"id": i, "amount": i / 2} if i < 300 else {"id": i, "amount": i / 2, "note": f"n{i}"}
+        schema = V1 if i < 300 else V2
         values.append((serialize(url, topic, schema, record), {"note": None, **record}))
     values += [(b'{"id": 1}', "magic byte"), (struct.pack(">bI", 0, 424242) + good[5:], "no schema of id 424242"),
                (struct.pack(">bI", 0, broken_id) + serialize(url, broken_topic, BROKEN, {"id": 1, "amount": "x"})[5:],

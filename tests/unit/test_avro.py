@@ -103,7 +103,8 @@ def test_the_columns_of_a_reader_schema():
     assert isinstance(types["attrs"], MapType) and isinstance(types["where"], StructType)
     assert types["from"] == types["where"]
     with pytest.raises(ConfigurationError, match="union"):
-        decoded_fields(json.dumps({"type": "record", "name": "R", "fields": [{"name": "u", "type": ["int", "string"]}]}))
+        decoded_fields(json.dumps({"type": "record", "name": "R",
+                                   "fields": [{"name": "u", "type": ["int", "string"]}]}))
     with pytest.raises(ConfigurationError, match="must be a record"):
         decoded_fields('"string"')
 
@@ -123,5 +124,6 @@ def test_a_batch_of_values_decodes_to_arrow_columns_with_the_reasons():
     rows = table.to_pylist()
     assert rows[0]["price"] == Decimal("12.34") and rows[0]["where"] == {"city": "Oslo"}
     assert rows[0]["at"] == record["at"] and rows[0]["eos_decode_error"] is None
-    assert all(v is None for k, v in rows[1].items() if k != "eos_decode_error") and "magic byte" in rows[1]["eos_decode_error"]
+    assert all(v is None for k, v in rows[1].items() if k != "eos_decode_error")
+    assert "magic byte" in rows[1]["eos_decode_error"]
     assert rows[2]["eos_decode_error"].startswith("the value is null")
