@@ -122,3 +122,15 @@ if [ ! -f "$hdfs_home/.complete" ]; then
       -DincludeScope=runtime -DoutputDirectory="$hdfs_home/lib"
   touch "$hdfs_home/.complete"
 fi
+
+# Apicurio Registry (the Avro source's tests): a Quarkus application, so Maven fetches it and runs
+# Quarkus's build of it (scripts/schema-registry/pom.xml), once, into the cache that
+# airflow_eos.embedded.schema_registry_home() names; a later run finds the stamp and builds nothing.
+registry_version=$(sed -n 's:.*<apicurio.version>\(.*\)</apicurio.version>.*:\1:p' scripts/schema-registry/pom.xml)
+registry_home=${EOS_SCHEMA_REGISTRY_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/schema-registry-$registry_version}
+if [ ! -f "$registry_home/.complete" ]; then
+  log "building Apicurio Registry $registry_version with Maven into $registry_home (first time ~2 min)"
+  rm -rf "$registry_home/build"
+  mvn -q -B -f scripts/schema-registry/pom.xml package -DskipTests -Dregistry.build.dir="$registry_home/build"
+  touch "$registry_home/.complete"
+fi

@@ -1,6 +1,7 @@
 """Embedded, throwaway real services: what ``airflow-eos demo`` runs on (PostgreSQL
 and Apache Kafka), and what the tests and ``make bench`` start too (with a Spark
-Connect server, and HDFS for the file target's tests). In the package because
+Connect server, HDFS for the file target's tests and a schema registry for the Avro
+source's). In the package because
 the demo needs it at run time; the test-only harness lives in tests/harness.
 
 Each service listens on 127.0.0.1 on a free port and is stopped by whoever
@@ -9,7 +10,7 @@ started it (use them as context managers).  When ``EOS_POSTGRES_URL`` or
 hand out that external service instead of starting one.
 
 No Airflow imports here: the demo and the benchmarks use this too. One module
-per service (``postgres``, ``kafka``, ``spark_connect``, ``hdfs``) and the
+per service (``postgres``, ``kafka``, ``spark_connect``, ``hdfs``, ``schema_registry``) and the
 process helpers they share (``processes``); import the services from here.
 """
 
@@ -24,11 +25,13 @@ from airflow_eos.embedded.hdfs import HADOOP_VERSION, HdfsCluster, hdfs_home
 from airflow_eos.embedded.kafka import KAFKA_SETTINGS, KAFKA_VERSION, KafkaBroker, cluster_id, kafka_home
 from airflow_eos.embedded.postgres import PostgresServer
 from airflow_eos.embedded.processes import free_port
+from airflow_eos.embedded.schema_registry import SCHEMA_REGISTRY_VERSION, SchemaRegistry, schema_registry_home
 from airflow_eos.embedded.spark_connect import SparkConnectServer
 
-__all__ = ["HADOOP_VERSION", "KAFKA_SETTINGS", "KAFKA_VERSION", "HdfsCluster", "KafkaBroker", "PostgresServer",
-           "ServiceHandle", "SparkConnectServer", "cluster_id", "free_port", "hdfs_home", "hdfs_service", "kafka_home",
-           "kafka_service", "postgres_service"]
+__all__ = ["HADOOP_VERSION", "KAFKA_SETTINGS", "KAFKA_VERSION", "SCHEMA_REGISTRY_VERSION", "HdfsCluster",
+           "KafkaBroker", "PostgresServer", "SchemaRegistry", "ServiceHandle", "SparkConnectServer", "cluster_id",
+           "free_port", "hdfs_home", "hdfs_service", "kafka_home", "kafka_service", "postgres_service",
+           "schema_registry_home", "schema_registry_service"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,10 @@ def hdfs_service() -> Iterator[ServiceHandle]:
     """Hadoop's mini-cluster; the handle's address is its ``hdfs://127.0.0.1:PORT``."""
     with HdfsCluster() as cluster:
         yield ServiceHandle(cluster.url, cluster)
+
+
+@contextlib.contextmanager
+def schema_registry_service() -> Iterator[ServiceHandle]:
+    """Apicurio Registry; the handle's address is its Confluent-compatible API's URL."""
+    with SchemaRegistry() as registry:
+        yield ServiceHandle(registry.url, registry)

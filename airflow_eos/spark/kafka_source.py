@@ -18,6 +18,13 @@ or, with the source registered (``register(spark)``)::
 ``partitions()`` and ``read()`` run in Python workers, not in the process that
 built the DataFrame: everything they need travels in the options.
 
+Option ``avro.reader_schema`` (an Avro record schema's JSON) makes an Avro
+source: each value, in Confluent's wire format, is decoded against it, its writer
+schema resolved by id from the schema registry of the ``registry.*`` options
+(``registry.url``, ...); the rows get the record's fields as columns after the
+Kafka ones, and ``eos_decode_error``, the reason a value did not decode
+(:mod:`airflow_eos.spark.avro_columns`). An unreachable registry fails the task.
+
 Option ``report`` (``"module:function"``) names a hook that a task calls after it
 has read its sub-range *completely*, as ``function(options, task, stats)`` with the
 ``report.*`` options (prefix stripped), the KafkaRangePartition and its ReadStats.
@@ -41,6 +48,7 @@ from pyspark.sql.types import StructType
 
 from airflow_eos.core.errors import ConfigurationError, EosError
 from airflow_eos.core.windows import WindowPlan
+from airflow_eos.spark.avro_columns import registry_decoder, source_schema, with_decoded
 from airflow_eos.spark.kafka_batches import KAFKA_SCHEMA, ReadStats
 from airflow_eos.spark.kafka_ranges import (
     DEFAULT_BATCH_ROWS,
@@ -70,6 +78,8 @@ OPT_BATCH_ROWS = "arrow_batch_rows"
 OPT_END_GRACE_S = "end_grace_s"
 OPT_POLL_TIMEOUT_S = "poll_timeout_s"
 OPT_REPORT = "report"
+OPT_AVRO_READER_SCHEMA = "avro.reader_schema"
+REGISTRY_PREFIX = "registry."
 REPORT_PREFIX = "report."
 KAFKA_PREFIX = "kafka."
 
@@ -89,10 +99,17 @@ def plan_options(
     poll_timeout_s: float | None = None,
     report: str | None = None,
     report_options: Mapping[str, str] | None = None,
+    avro_reader_schema: str | None = None,
+    registry_config: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """The string options that make this source read ``plan``; ``report`` and
-    ``report_options``: the completed-range hook (see the module docstring)."""
+    ``report_options``: the completed-range hook; ``avro_reader_schema`` and
+    ``registry_config``: an Avro source (see the module docstring)."""
     options = {OPT_PLAN: plan.to_json()}
+    if avro_reader_schema is not None:
+        options[OPT_AVRO_READER_SCHEMA] = avro_reader_schema
+        for key, value in (registry_config or {}).items():
+            options[REGISTRY_PREFIX + key] = option_string(value)
     if report is not None:
         options[OPT_REPORT] = report
         for key, value in (report_options or {}).items():
@@ -124,6 +141,8 @@ class ReadSettings:
     poll_timeout_s: float
     report: str | None = None
     report_options: tuple[tuple[str, str], ...] = ()
+    avro_reader_schema: str | None = None
+    registry_config: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "ReadSettings":
@@ -147,7 +166,18 @@ class ReadSettings:
             report=_report_hook_name(options.get(OPT_REPORT)),
             report_options=tuple(sorted((k[len(REPORT_PREFIX):], v) for k, v in options.items()
                                         if k.startswith(REPORT_PREFIX))),
+            **_avro_settings(options),
         )
+
+
+def _avro_settings(options: Mapping[str, str]) -> dict[str, Any]:
+    reader_schema = options.get(OPT_AVRO_READER_SCHEMA)
+    if reader_schema is None:
+        return {}
+    registry = tuple(sorted((k[len(REGISTRY_PREFIX):], v) for k, v in options.items() if k.startswith(REGISTRY_PREFIX)))
+    if not dict(registry).get("url"):
+        raise ConfigurationError(f"an Avro {FORMAT_NAME} source needs option '{REGISTRY_PREFIX}url'")
+    return {"avro_reader_schema": reader_schema, "registry_config": registry}
 
 
 def _report_hook_name(value: str | None) -> str | None:
@@ -216,13 +246,13 @@ class KafkaRangeSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> StructType:
-        return KAFKA_SCHEMA
+        return source_schema(KAFKA_SCHEMA, self.options.get(OPT_AVRO_READER_SCHEMA))
 
     def reader(self, schema: StructType) -> "KafkaRangeReader":
-        if schema != KAFKA_SCHEMA:
+        if schema != self.schema():
             raise ConfigurationError(
-                f"the {FORMAT_NAME} source has a fixed schema (Spark's Kafka source schema with headers); "
-                f"do not pass .schema(...). Got {schema.simpleString()}"
+                f"the {FORMAT_NAME} source has a fixed schema (Spark's Kafka source schema with headers, then an "
+                f"Avro source's decoded columns); do not pass .schema(...). Got {schema.simpleString()}"
             )
         return KafkaRangeReader(ReadSettings.from_options(self.options))
 
@@ -252,10 +282,12 @@ class KafkaRangeReader(DataSourceReader):
         settings = self.settings
         log.info("%s: reading", partition)
         stats = ReadStats(warm_up_s=warm_up())
+        batches = read_range(settings.kafka_config, partition, batch_rows=settings.batch_rows,
+                             end_grace_s=settings.end_grace_s, poll_timeout_s=settings.poll_timeout_s, stats=stats)
+        if settings.avro_reader_schema is not None:
+            batches = _decoded(batches, settings)
         try:
-            yield from read_range(settings.kafka_config, partition, batch_rows=settings.batch_rows,
-                                  end_grace_s=settings.end_grace_s, poll_timeout_s=settings.poll_timeout_s,
-                                  stats=stats)
+            yield from batches
         except EosError as exc:
             log.error("%s: failed after %s: %s", partition, stats.summary(), exc)
             raise
@@ -263,6 +295,14 @@ class KafkaRangeReader(DataSourceReader):
         if settings.report:
             # Only here, after the generator ran to its end: the range was read completely.
             _call_report_hook(settings, partition, stats)
+
+
+def _decoded(batches: Iterator["pa.RecordBatch"], settings: ReadSettings) -> Iterator["pa.RecordBatch"]:
+    """The batches with their values decoded (an Avro source)."""
+    decoder = registry_decoder(settings.avro_reader_schema, dict(settings.registry_config))
+    schema = source_schema(KAFKA_SCHEMA, settings.avro_reader_schema)
+    for batch in batches:
+        yield with_decoded(batch, decoder, schema)
 
 
 # --------------------------------------------------------------------------- driver side
@@ -282,7 +322,7 @@ def read_plan(
     """A DataFrame (Spark Kafka source schema) of exactly the records of ``plan``.
 
     ``options``: max_records_per_task, arrow_batch_rows, end_grace_s, poll_timeout_s,
-    report, report_options.
+    report, report_options, avro_reader_schema, registry_config.
     """
     log.info("plan of %s: %d ranges, %d offsets", plan.window, len(plan.ranges), plan.max_records)
     register(spark)

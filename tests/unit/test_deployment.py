@@ -169,6 +169,13 @@ def test_the_hdfs_of_the_tests_is_the_hadoop_release_of_sparks_client():
     assert [p.name for p in jars.glob("hadoop-client-api-*.jar")] == [f"hadoop-client-api-{HADOOP_VERSION}.jar"]
 
 
+def test_the_schema_registry_built_is_the_one_the_tests_start():
+    from airflow_eos.embedded import SCHEMA_REGISTRY_VERSION
+
+    pom = (ROOT / "scripts" / "schema-registry" / "pom.xml").read_text()
+    assert f"<apicurio.version>{SCHEMA_REGISTRY_VERSION}</apicurio.version>" in pom
+
+
 def test_a_kafka_cluster_id_never_starts_with_a_dash():
     """The StorageTool reads an id starting with "-" as an option: one broker start in 64 failed so in a soak."""
     from airflow_eos.embedded import cluster_id

@@ -1,0 +1,122 @@
+"""Avro values in Confluent's wire format decoded against a real schema registry
+(Apicurio Registry's Confluent-compatible API, started by the harness):
+records of two writer schemas under one reader schema, and each kind of bad
+record decoding to its reason, never to an error of the read; the registry
+unreachable is an error of the read (SourceUnavailable)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import uuid
+
+import pytest
+
+from airflow_eos.core.avro import AvroDecoder, latest_schema, registry_lookup
+from airflow_eos.core.errors import ConfigurationError, SourceUnavailable
+
+V1 = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"},
+                                                      {"name": "amount", "type": "double"}]}
+# a compatible change: a field with a default
+V2 = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"},
+                                                      {"name": "amount", "type": "double"},
+                                                      {"name": "note", "type": ["null", "string"], "default": None}]}
+# not resolvable to V2: amount is a string
+BROKEN = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"},
+                                                          {"name": "amount", "type": "string"}]}
+
+
+def client(url: str):
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": url})
+
+
+def register(registry_url: str, subject: str, schema: dict) -> int:
+    from confluent_kafka.schema_registry import Schema
+
+    return client(registry_url).register_schema(subject, Schema(json.dumps(schema), "AVRO"))
+
+
+def serialize(registry_url: str, subject_topic: str, schema: dict, record: dict) -> bytes:
+    """What a producer with confluent-kafka's AvroSerializer writes (the schema registered already)."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    serializer = AvroSerializer(client(registry_url), json.dumps(schema),
+                                conf={"auto.register.schemas": False, "use.latest.version": False})
+    return serializer(record, SerializationContext(subject_topic, MessageField.VALUE))
+
+
+@pytest.fixture
+def topic(schema_registry) -> str:
+    """A topic name of the test's own, its value subject (TopicNameStrategy) holding V1 then V2."""
+    name = f"orders-{uuid.uuid4().hex[:8]}"
+    register(schema_registry.address, f"{name}-value", V1)
+    register(schema_registry.address, f"{name}-value", V2)
+    return name
+
+
+def test_records_of_two_writer_schemas_decode_under_the_latest_reader_schema(schema_registry, topic):
+    url = schema_registry.address
+    reader_id, reader = latest_schema(client(url), f"{topic}-value")
+    assert json.loads(reader) == V2
+    decoder = AvroDecoder(reader, registry_lookup(client(url)))
+    old = decoder.decode(serialize(url, topic, V1, {"id": 1, "amount": 2.5}))
+    new = decoder.decode(serialize(url, topic, V2, {"id": 2, "amount": 3.0, "note": "gift"}))
+    assert old.error is None and old.record == {"id": 1, "amount": 2.5, "note": None}
+    assert new.error is None and new.record == {"id": 2, "amount": 3.0, "note": "gift"}
+    assert new.schema_id == reader_id and old.schema_id != reader_id
+
+
+def test_each_kind_of_bad_record_decodes_to_its_reason(schema_registry, topic):
+    url = schema_registry.address
+    broken_topic = f"broken-{uuid.uuid4().hex[:8]}"
+    broken_id = register(url, f"{broken_topic}-value", BROKEN)
+    _, reader = latest_schema(client(url), f"{topic}-value")
+    decoder = AvroDecoder(reader, registry_lookup(client(url)))
+    good = serialize(url, topic, V2, {"id": 7, "amount": 1.0, "note": None})
+    cases = {
+        b'{"id": 7}': "not the wire format's magic byte",
+        b"\x00\x00": "fewer than the wire format's 5-byte header",
+        struct.pack(">bI", 0, 987654) + good[5:]: "has no schema of id 987654",
+        struct.pack(">bI", 0, broken_id) + serialize(url, broken_topic, BROKEN, {"id": 1, "amount": "a"})[5:]:
+            f"writer schema {broken_id} does not resolve to the reader schema",
+        good[:-3]: "is not a record of writer schema",
+        good + b"\x02": "1 bytes after a record",
+    }
+    for value, reason in cases.items():
+        decoded = decoder.decode(value)
+        assert decoded.record is None and reason in decoded.error, (value, decoded)
+    assert decoder.decode(None).error.startswith("the value is null")
+    assert decoder.decode(good).record == {"id": 7, "amount": 1.0, "note": None}
+
+
+def test_a_registry_that_does_not_answer_fails_the_read(schema_registry, topic):
+    from airflow_eos.embedded import free_port
+
+    url = schema_registry.address
+    good = serialize(url, topic, V2, {"id": 7, "amount": 1.0, "note": None})
+    gone = f"http://127.0.0.1:{free_port()}/apis/ccompat/v6"
+    decoder = AvroDecoder(json.dumps(V2), registry_lookup(client(gone)))
+    with pytest.raises(SourceUnavailable, match="did not answer for schema id"):
+        decoder.decode(good)
+    with pytest.raises(SourceUnavailable):
+        latest_schema(client(gone), f"{topic}-value")
+    with pytest.raises(ConfigurationError, match="no subject"):
+        latest_schema(client(url), "no-such-subject-value")
+
+
+def test_a_writer_schema_is_asked_of_the_registry_once(schema_registry, topic):
+    url = schema_registry.address
+    asked: list[int] = []
+    lookup = registry_lookup(client(url))
+
+    def counting(schema_id: int):
+        asked.append(schema_id)
+        return lookup(schema_id)
+
+    decoder = AvroDecoder(json.dumps(V2), counting)
+    values = [serialize(url, topic, V1, {"id": i, "amount": 1.0}) for i in range(50)]
+    assert all(decoder.decode(v).error is None for v in values)
+    assert len(asked) == 1

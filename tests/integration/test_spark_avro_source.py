@@ -1,0 +1,97 @@
+"""The eos_kafka data source as an Avro source: a topic of records of two writer
+schemas and poisoned values (not the wire format, an unknown schema id, a
+writer schema the reader schema cannot resolve), read by real Spark with the
+writer schemas from a real schema registry (Apicurio Registry, started by the
+harness). Every record is a row: decoded, or null fields and its reason."""
+
+from __future__ import annotations
+
+import json
+import struct
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from airflow_eos.core.errors import SourceUnavailable
+from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
+from test_avro_registry import BROKEN, V1, V2, register, serialize
+
+pytestmark = pytest.mark.slow
+
+WINDOW = Window("spark_avro_test", datetime(2024, 1, 1, tzinfo=timezone.utc),
+                datetime(2024, 1, 1, tzinfo=timezone.utc) + timedelta(hours=1))
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from airflow_eos.spark import spark_session, stop_session
+
+    session = spark_session("eos-test-spark-avro-source")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    stop_session(session)
+
+
+@pytest.fixture
+def avro_topic(topics, schema_registry):
+    """A topic of 2 partitions: 300 records of V1, 300 of V2, then 4 poisoned values. Returns the topic and
+    {offset-per-partition key: the value expected decoded (dict) or the reason's fragment (str)}."""
+    url = schema_registry.address
+    topic = topics.create(partitions=2, prefix="avro")
+    register(url, f"{topic}-value", V1)
+    register(url, f"{topic}-value", V2)
+    broken_topic = f"{topic}-broken"
+    broken_id = register(url, f"{broken_topic}-value", BROKEN)
+    good = serialize(url, topic, V2, {"id": 0, "amount": 0.0, "note": None})
+    values: list[tuple[bytes | None, dict | str]] = []
+    for i in range(600):
+        record = {"id": i, "amount": i / 2} if i < 300 else {"id": i, "amount": i / 2, "note": f"n{i}"}
+        schema = V1 if i < 300 else V2
+        values.append((serialize(url, topic, schema, record), {"note": None, **record}))
+    values += [(b'{"id": 1}', "magic byte"), (struct.pack(">bI", 0, 424242) + good[5:], "no schema of id 424242"),
+               (struct.pack(">bI", 0, broken_id) + serialize(url, broken_topic, BROKEN, {"id": 1, "amount": "x"})[5:],
+                "does not resolve"), (good[:-2], "not a record of writer schema")]
+    expected: dict[tuple[int, int], dict | str] = {}
+    records = []
+    for n, (value, outcome) in enumerate(values):
+        partition = n % 2
+        expected[(partition, n // 2)] = outcome
+        records.append((partition, 1_700_000_000_000 + n, value))
+    topics.produce(topic, records)
+    return topic, expected
+
+
+def _plan(topic: str, expected) -> WindowPlan:
+    ends = {p: 1 + max(o for q, o in expected if q == p) for p in (0, 1)}
+    return WindowPlan(WINDOW, tuple(PartitionRange(topic, p, 0, ends[p]) for p in (0, 1)))
+
+
+def test_values_of_two_writer_schemas_and_poisoned_ones_become_rows(spark, kafka_config, schema_registry, avro_topic):
+    from airflow_eos.spark import read_plan
+
+    topic, expected = avro_topic
+    reader = json.dumps(V2)
+    df = read_plan(spark, _plan(topic, expected), kafka_config, avro_reader_schema=reader,
+                   registry_config={"url": schema_registry.address}, max_records_per_task=200)
+    assert df.columns[-4:] == ["id", "amount", "note", "eos_decode_error"]
+    rows = {(r.partition, r.offset): r for r in df.collect()}
+    assert rows.keys() == expected.keys()
+    for key, outcome in expected.items():
+        row = rows[key]
+        if isinstance(outcome, dict):
+            assert row.eos_decode_error is None and {"id": row.id, "amount": row.amount, "note": row.note} == outcome
+        else:
+            assert row.id is None and outcome in row.eos_decode_error, (key, row)
+            assert row.value is not None  # the raw record stays with its reason
+
+
+def test_an_unreachable_registry_fails_the_read(spark, kafka_config, schema_registry, avro_topic):
+    from airflow_eos.embedded import free_port
+    from airflow_eos.spark import read_plan
+
+    topic, expected = avro_topic
+    df = read_plan(spark, _plan(topic, expected), kafka_config, avro_reader_schema=json.dumps(V2),
+                   registry_config={"url": f"http://127.0.0.1:{free_port()}/apis/ccompat/v6"})
+    with pytest.raises(Exception, match="schema registry did not answer") as failure:
+        df.collect()
+    assert SourceUnavailable.__name__ in str(failure.value)
