@@ -231,6 +231,14 @@ class KafkaCommit(KafkaProduce, KafkaIntents):
                  self.topic, self.transactional_id(attempt), token)
         return produced
 
+    @staticmethod
+    def _mid_produce(producer) -> None:
+        """Half the window's records sent (see KafkaProduce._send_rows): flushed,
+        then the fault point ``commit.mid_produce`` (the commit's fault points
+        are all in this module)."""
+        producer.flush(client.TIMEOUT)
+        fault_point("commit.mid_produce")
+
     def _send_marker(self, producer, attempt: Attempt, token: int, ends: Mapping[TopicPartition, int]) -> None:
         """The window's marker, in the transaction: its end cuts and commit
         token as offsets of the window's marker group."""

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.errors import TargetError
-from airflow_eos.core.faults import fault_point
 from airflow_eos.core.windows import to_utc
 from airflow_eos.staging.tables import CHUNK_COLUMN, staging_ids
 from airflow_eos.targets.kafka import client
@@ -34,6 +33,10 @@ class KafkaProduce:
     header_columns: tuple[str, ...]
     record_columns: tuple[str, ...]
 
+    def _mid_produce(self, producer) -> None:
+        """Half the records sent (the commit's, see KafkaCommit._mid_produce)."""
+        raise NotImplementedError
+
     @staticmethod
     def _count_rows(conn: psycopg.Connection, rows_table, chunks: list[int]) -> int:
         from psycopg import sql
@@ -52,8 +55,8 @@ class KafkaProduce:
     def _send_rows(self, conn: psycopg.Connection, producer, failures: list[tuple], attempt: Attempt, token: int,
                    chunks: list[int], midpoint: int) -> int:
         """Send the checkpointed chunks' rows as records, in source order;
-        stop at the first failed delivery; flush once at ``midpoint`` (the
-        fault point ``commit.mid_produce``). Returns the records sent.
+        stop at the first failed delivery; at ``midpoint``, the commit's
+        :meth:`_mid_produce`. Returns the records sent.
 
         The rows come through a binary server-side cursor, a batch of rows per
         fetch, the lineage as its own types (text, int, int: formatting it in
@@ -92,8 +95,7 @@ class KafkaProduce:
                     if failures:
                         return produced
                     if produced == midpoint:
-                        producer.flush(client.TIMEOUT)
-                        fault_point("commit.mid_produce")
+                        self._mid_produce(producer)
         return produced
 
     @contextmanager
