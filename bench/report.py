@@ -12,6 +12,7 @@ from growth import growth_section
 from kafka import kafka_section
 from load import load_section
 from peer import peer_section
+from readers import readers_section
 from records import HERE, biggest_window
 
 # results.json's headline: the biggest window's figures (1M in a full run), the smallest's latency.
@@ -106,6 +107,7 @@ def render_markdown(res: dict) -> str:
     """The whole page: what was measured where, then the sections in order."""
     out = [_preamble(res), _headline_section(res), _ceilings_section(res), _exactly_once_section(res),
            _copying_section(res), _submit_section(res), files_section(res), kafka_section(res), peer_section(res),
+           readers_section(res),
            _baseline_section(res), _ratios_section(res), load_section(res), "\n",
            render_cpu(res), growth_section(res), METHOD]
     extra = HERE / "results_notes.md"
