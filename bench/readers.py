@@ -143,12 +143,12 @@ def readers_section(res: dict) -> str:
 
     lines = [
         "\n## 2f. The two readers side by side (bench/readers.py, in this run)\n\n",
-        "The Spark side of an exactly-once window (run_stage of the plan, frozen beforehand: read, the example "
+        ("The Spark side of an exactly-once window (run_stage of the plan, frozen beforehand: read, the example "
         "orders transform, stage, checkpoint) with each reader: Spark's own Kafka source (`spark`) and the "
         "eos_kafka Python data source (`python`), in a warm in-process `local[2]` session, into a fresh "
         "PostgreSQL table, then into a FileTarget (Spark's own Parquet writer); `--repeats` windows of each, "
         "the median. Core-seconds of every process of the run (CpuMeter `ours`), which compare even on a "
-        "machine shared with other work; wall seconds beside them. The read ceilings are §1's.\n\n",
+        "machine shared with other work; wall seconds beside them. The read ceilings are §1's.\n\n"),
         head,
     ]
     for reader in READERS:
