@@ -14,7 +14,7 @@ import time
 from measure import CpuMeter, checkpoint, mean_cpu
 
 from airflow_eos.spark.kafka_source import DEFAULT_MAX_RECORDS_PER_TASK
-from airflow_eos.spark.submit import DEFAULT_READER, READERS
+from airflow_eos.spark.submit import DEFAULT_READER, READERS, SPARK_READER
 from records import HOUR, T0, TARGET_COLUMNS, TOPIC, transformed_rows
 
 COPY_TABLE = "analytics.orders_copy"
@@ -178,7 +178,7 @@ def spark_read(bootstrap: str, ends_by_size: dict[int, dict[int, int]], topics: 
     from airflow_eos.spark import spark_session, stop_session
 
     def read_plan(spark, plan, config):
-        if reader == DEFAULT_READER:
+        if reader == SPARK_READER:
             from airflow_eos.spark.kafka_native import read_plan_native
 
             return read_plan_native(spark, plan, config, max_records_per_task=DEFAULT_MAX_RECORDS_PER_TASK)[0]

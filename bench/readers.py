@@ -31,7 +31,7 @@ from ceilings import spark_read  # noqa: E402
 from measure import CpuMeter, checkpoint  # noqa: E402
 from records import HOUR, PARTITIONS, T0, TOPIC, produce  # noqa: E402
 
-from airflow_eos.spark.submit import READERS  # noqa: E402
+from airflow_eos.spark.submit import DEFAULT_READER, READERS  # noqa: E402
 
 
 def stage_window(spark, reader: str, url: str, bootstrap: str, ends: dict[int, int], k: int, meter: CpuMeter,
@@ -74,14 +74,24 @@ def stage_window(spark, reader: str, url: str, bootstrap: str, ends: dict[int, i
 
 def measure_reader(reader: str, url: str, bootstrap: str, ends: dict[int, int], cores: int, repeats: int,
                    meter: CpuMeter, files: Path) -> dict:
-    from airflow_eos.spark import spark_session, stop_session
-
+    """``reader``'s read ceiling, then the Spark side of its windows (stage_windows)."""
     size = sum(ends.values())
     read = spark_read(bootstrap, {size: ends}, {size: TOPIC}, cores, meter, runs=repeats, reader=reader)
     out = {"ceiling_read": {"wall_s": read[size], "core_s": read[("cpu", size)]["ours"],
                             "cpu_s": read[("cpu", size)]}}
     print(f"  {reader}: read ceiling {out['ceiling_read']['core_s']:.2f} core-s ({read[size]:.2f}s wall, loaded)",
           flush=True)
+    out.update(stage_windows(reader, url, bootstrap, ends, cores, repeats, meter, files))
+    return out
+
+
+def stage_windows(reader: str, url: str, bootstrap: str, ends: dict[int, int], cores: int, repeats: int,
+                  meter: CpuMeter, files: Path) -> dict:
+    """The Spark side of ``repeats`` windows read by ``reader`` in one warm
+    in-process session, into PostgreSQL then into Parquet files: the median
+    of each (``window_stage``, ``window_stage_files``)."""
+    from airflow_eos.spark import spark_session, stop_session
+
     spark = spark_session(f"eos-bench-stage-{reader}", master=f"local[{cores}]")
     try:
         spark.sparkContext.setLogLevel("ERROR")
@@ -92,10 +102,66 @@ def measure_reader(reader: str, url: str, bootstrap: str, ends: dict[int, int], 
         file_runs = [stage_window(spark, reader, url, bootstrap, ends, 50 + k, meter, files) for k in range(repeats)]
     finally:
         stop_session(spark)
+    out = {}
     for key, done in (("window_stage", runs), ("window_stage_files", file_runs)):
         out[key] = {"core_s": statistics.median(r["core_s"] for r in done),
                     "wall_s": statistics.median(r["wall_s"] for r in done), "runs": done}
     return out
+
+
+def measure_readers(bench, ends: dict[int, int], url: str) -> dict:
+    """bench/run.py's part (§2f): both readers' windows on the run's records,
+    ``bench.repeats`` each, into a database of the run's (``url``); their read
+    ceilings are §1's."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="eos-bench-readers-") as files:
+        for reader in READERS:
+            out[reader] = stage_windows(reader, url, bench.bootstrap, ends, bench.cores, bench.repeats,
+                                        bench.meter, Path(files))
+            print(f"   reader {reader}: window stage {out[reader]['window_stage']['core_s']:.2f} core-s "
+                  f"({out[reader]['window_stage']['wall_s']:.2f}s), into files "
+                  f"{out[reader]['window_stage_files']['core_s']:.2f} core-s "
+                  f"({out[reader]['window_stage_files']['wall_s']:.2f}s)", flush=True)
+    return out
+
+
+def readers_section(res: dict) -> str:
+    """§2f, when the run measured both readers' windows (an older results.json did not)."""
+    from report import _rate, _secs, _table
+
+    if not any("readers" in r for r in res["sizes"].values()):
+        return ""
+    head, row = _table(res)
+
+    def figure(reader, key, what):
+        return lambda r: f"{r['readers'][reader][key][what]:.2f}" if what == "core_s" \
+            else _secs(r["readers"][reader][key][what])
+
+    def read(reader):
+        ceiling = "ceiling_spark_read" if reader == DEFAULT_READER else f"ceiling_spark_read_{reader}"
+        return lambda r: f"{_rate(r[ceiling]['records_per_s'])}, {r[ceiling]['cpu_s']['ours']:.2f} core-s"
+
+    lines = [
+        "\n## 2f. The two readers side by side (bench/readers.py, in this run)\n\n",
+        ("The Spark side of an exactly-once window (run_stage of the plan, frozen beforehand: read, the example "
+        "orders transform, stage, checkpoint) with each reader: Spark's own Kafka source (`spark`) and the "
+        "eos_kafka Python data source (`python`), in a warm in-process `local[2]` session, into a fresh "
+        "PostgreSQL table, then into a FileTarget (Spark's own Parquet writer); `--repeats` windows of each, "
+        "the median. Core-seconds of every process of the run (CpuMeter `ours`), which compare even on a "
+        "machine shared with other work; wall seconds beside them. The read ceilings are §1's.\n\n"),
+        head,
+    ]
+    for reader in READERS:
+        lines += [
+            row(f"`{reader}`: read ceiling (§1, count(), warm)", read(reader)),
+            row(f"`{reader}`: window's Spark side into PostgreSQL, core-seconds",
+                figure(reader, "window_stage", "core_s")),
+            row("… wall time", figure(reader, "window_stage", "wall_s")),
+            row(f"`{reader}`: window's Spark side into Parquet files, core-seconds",
+                figure(reader, "window_stage_files", "core_s")),
+            row("… wall time", figure(reader, "window_stage_files", "wall_s")),
+        ]
+    return "".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,4 +201,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-__all__ = ["main", "measure_reader", "stage_window"]
+__all__ = ["main", "measure_reader", "measure_readers", "readers_section", "stage_window", "stage_windows"]

@@ -39,7 +39,9 @@ partitions, all inside one hourly window):
    ``dags/orders_to_topic.py`` on the same server (KafkaTarget: the window
    in one producer transaction into a fresh topic), with one transaction of
    a transactional producer producing the same records as its ceiling, both
-   ``--repeats`` times interleaved (kafka.py);
+   ``--repeats`` times interleaved (kafka.py); on the biggest window, the
+   Spark side of the window with each reader (Spark's Kafka source and
+   eos_kafka) in core-seconds, ``--repeats`` times each (readers.py);
 
 4. CPU: the core-seconds each part of the run (broker, Spark, PostgreSQL,
    this process) spent in each ceiling and window, and what they imply: the
@@ -94,6 +96,7 @@ from kafka import kafka_headline, kafka_ratios, measure_kafka  # noqa: E402
 from machine import heavy_processes, machine_info  # noqa: E402
 from measure import CpuMeter, checkpoint, median_run  # noqa: E402
 from peer import measure_peer, peer_headline, peer_ratios  # noqa: E402
+from readers import measure_readers  # noqa: E402
 from records import HERE, HOUR, PARTITIONS, TOPIC, produce  # noqa: E402
 from report import QUIET_LOAD, headline, render, render_markdown, write_results  # noqa: E402
 from windows import airflow_env, load_dags, run_exactly_once  # noqa: E402
@@ -187,6 +190,7 @@ class Bench:
     alo_dag: object
     cores: int
     repeats: int
+    sizes: tuple[int, ...]
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -219,7 +223,7 @@ def prepare(args: argparse.Namespace, bootstrap: str, pg_url: str, connect, resu
     dags = load_dags()
     return Bench(bootstrap, pg_url, connect.url, {"conn_type": "spark", "host": "local[2]"},
                  {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect.port},
-                 meter, admin, dags, at_least_once_dag(), args.cores, args.repeats)
+                 meter, admin, dags, at_least_once_dag(), args.cores, args.repeats, tuple(args.sizes))
 
 
 def finish(results: dict, run: Run, args: argparse.Namespace) -> None:
@@ -248,7 +252,8 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     # One database per way of staging: the same window, each with a ledger of its own.
     modes = (("submit", "connect") + tuple(f"{kind}_{j}" for kind in ("partitioned", "files", "kafka")
                                            for j in range(bench.repeats))
-             + (("warm_up", "ledger_growth") if k == 0 else ()))
+             + (("warm_up", "ledger_growth") if k == 0 else ())
+             + (("readers",) if size == max(bench.sizes) else ()))
     urls = create_databases(bench, {mode: f"bench_{size}_{mode}_{os.getpid()}" for mode in modes})
     ends, produce_s = fresh_topic(bench, size)
     r: dict = {"produce_s": produce_s}
@@ -272,6 +277,8 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     r.update(peer_ratios(r))
     if reported_failure(r, "verify", lambda: measure_verify(bench, size, urls["connect"])):
         r.update(verify_ratios(r))
+    if size == max(bench.sizes):  # §2f: both readers' windows, on the run's biggest window only
+        reported_failure(r, "readers", lambda: measure_readers(bench, ends, urls["readers"]))
     if k == 0:  # on the smallest window: the ledger's part of plan and commit shows best
         reported_failure(r, "ledger_growth",
                          lambda: measure_ledger_growth(bench, size, urls["ledger_growth"], run_after + HOUR / 2))

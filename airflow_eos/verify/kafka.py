@@ -3,7 +3,10 @@ committed window's planned ranges (offsets have gaps: transaction markers,
 compaction), copied into a temp table of the audit's transaction; which of those
 ranges are in compacted topics (the cleaner may have removed records of them
 since their window was read); and whether a partition is held at its last
-committed end cut (see core.plan)."""
+committed end cut (see core.plan).
+
+Offsets travel as contiguous runs (first, last): a range without gaps is a
+handful of runs, not a line of COPY text per record; PostgreSQL expands them."""
 
 from __future__ import annotations
 
@@ -44,14 +47,16 @@ class Read:
 
 def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
                  kafka: PartitionLog | Mapping[str, Any], timeout: float, max_timestamp_skew: timedelta) -> Read:
-    """COPY the offsets of the records present in every committed window's
-    ranges into the temp table eos_verify_records (window_start, topic,
-    partition, offset). A range that cannot be read any more is a violation;
-    its window is left out of the record comparisons. A held partition is one
-    too (see _held)."""
+    """The offsets of the records present in every committed window's ranges,
+    into the temp table eos_verify_records (window_start, topic, partition,
+    offset): COPY'd as runs into eos_verify_runs, expanded by one INSERT. A
+    range that cannot be read any more is a violation; its window is left out
+    of the record comparisons. A held partition is one too (see _held)."""
     read = Read()
     conn.execute('CREATE TEMP TABLE eos_verify_records (window_start timestamptz NOT NULL,'
                  ' topic text NOT NULL, partition integer NOT NULL, "offset" bigint NOT NULL) ON COMMIT DROP')
+    conn.execute('CREATE TEMP TABLE eos_verify_runs (window_start timestamptz NOT NULL, topic text NOT NULL,'
+                 ' partition integer NOT NULL, first bigint NOT NULL, last bigint NOT NULL) ON COMMIT DROP')
     bounds: dict[TopicPartition, Bounds] = {}
     with contextlib.ExitStack() as stack:
         log_, reader = kafka, None
@@ -59,7 +64,7 @@ def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
             log_ = stack.enter_context(KafkaLog(dict(kafka), timeout=timeout))
             reader = _KafkaRecords(kafka, timeout)
             stack.callback(reader.close)
-        with conn.cursor() as cur, cur.copy("COPY eos_verify_records FROM STDIN") as copy:
+        with conn.cursor() as cur, cur.copy("COPY eos_verify_runs FROM STDIN") as copy:
             for w in windows.values():
                 if w.state != WindowState.COMMITTED:
                     continue
@@ -74,12 +79,12 @@ def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
                         if r.tp not in bounds:
                             bounds[r.tp] = log_.bounds(r.tp)
                         _check_bounds(r, bounds[r.tp])
-                        batches = (reader.offsets(r) if reader is not None else
-                                   [[rec.offset for rec in log_.records(r.tp, r.start_offset, r.end_offset)]])
-                        for batch in batches:
-                            if batch:
-                                copy.write(prefix + f"\n{prefix}".join(map(str, batch)) + "\n")
-                                count += len(batch)
+                        batches = (reader.runs(r) if reader is not None else
+                                   [_runs([rec.offset for rec in log_.records(r.tp, r.start_offset, r.end_offset)])])
+                        for runs in batches:
+                            if runs:
+                                copy.write("".join(f"{prefix}{first}\t{last}\n" for first, last in runs))
+                                count += sum(last - first + 1 for first, last in runs)
                     except (OffsetsExpired, LogTruncated, UnknownTopic) as exc:
                         read.unreadable.add(w.start)
                         read.violations.append(Violation(
@@ -88,6 +93,8 @@ def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
                             w.start, r.topic, r.partition, r.start_offset))
                         continue
                     read.counts[w.start, r.tp] = count
+        conn.execute('INSERT INTO eos_verify_records SELECT window_start, topic, partition, generate_series(first, last)'
+                     ' FROM eos_verify_runs')
         read.violations += _held(log_, bounds, windows, max_timestamp_skew)
     _note_compacted(conn, windows, kafka, read)
     return read
@@ -175,8 +182,8 @@ def _held(log_: PartitionLog, bounds: dict[TopicPartition, Bounds], windows: Map
 
 
 class _KafkaRecords:
-    """Offsets of the records present in planned ranges, with batched fetches
-    and the reader's throughput settings. The end of a partition is where a
+    """Runs of offsets of the records present in planned ranges, with batched
+    fetches and the reader's throughput settings. The end of a partition is where a
     fetch reports it, never the reported high watermark (see core.source)."""
 
     BATCH = 10_000
@@ -189,7 +196,8 @@ class _KafkaRecords:
     def close(self) -> None:
         self._consumer.close()
 
-    def offsets(self, r: PartitionRange) -> Iterator[list[int]]:
+    def runs(self, r: PartitionRange) -> Iterator[list[tuple[int, int]]]:
+        """Per fetched batch, the contiguous runs (first, last) of the range's offsets in it."""
         consumer = self._consumer
         consumer.assign([KafkaTopicPartition(r.topic, r.partition, r.start_offset)])
         try:
@@ -211,9 +219,10 @@ class _KafkaRecords:
                 batch, done = _in_order(messages, r, last)
                 if batch is None:
                     batch, done = _one_by_one(messages, r, last)
-                if batch:
-                    last = batch[-1]
-                yield batch
+                runs = _runs(batch)
+                if runs:
+                    last = runs[-1][1]
+                yield runs
                 if done:
                     return
         finally:
@@ -262,6 +271,28 @@ def _one_by_one(messages: list[Message], r: PartitionRange, last: int) -> tuple[
         if offset == r.end_offset - 1:
             return batch, True
     return batch, False
+
+
+def _runs(offsets: list[int]) -> list[tuple[int, int]]:
+    """Strictly increasing offsets as contiguous runs (first, last). Within a
+    run offsets[j] - offsets[i] == j - i, and only there: each run's end is
+    found by bisection, so a batch without gaps costs one comparison."""
+    runs: list[tuple[int, int]] = []
+    i, n = 0, len(offsets)
+    while i < n:
+        first, lo, hi = offsets[i], i, n - 1
+        while lo < hi:
+            if offsets[hi] - first == hi - i:
+                lo = hi
+                break
+            mid = (lo + hi + 1) // 2
+            if offsets[mid] - first == mid - i:
+                lo = mid
+            else:
+                hi = mid - 1
+        runs.append((first, offsets[lo]))
+        i = lo + 1
+    return runs
 
 
 def _check_bounds(r: PartitionRange, bounds: Bounds) -> None:

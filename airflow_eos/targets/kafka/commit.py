@@ -15,29 +15,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
-from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.commit import Published, Settlement
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
-from airflow_eos.core.windows import TopicPartition, Window, to_utc
+from airflow_eos.core.windows import TopicPartition, Window
 from airflow_eos.staging.tables import CHUNK_COLUMN, staging_ids
 from airflow_eos.targets.kafka import client
 from airflow_eos.targets.kafka.client import Marker
 from airflow_eos.targets.kafka.intent import KafkaIntents, resolve_aborted, resolve_committed
+from airflow_eos.targets.kafka.produce import KafkaProduce
 
 if TYPE_CHECKING:
     import psycopg
 
 log = logging.getLogger(__name__)
-
-FETCH_ROWS = 10_000
-
 
 @dataclass(frozen=True)
 class KafkaTransaction:
@@ -52,10 +48,11 @@ class KafkaTransaction:
     ends: Mapping[TopicPartition, int]
 
 
-class KafkaCommit(KafkaIntents):
+class KafkaCommit(KafkaProduce, KafkaIntents):
     """The committer hooks of :class:`~airflow_eos.targets.kafka.sink.KafkaSink`
     (the protocol is :mod:`airflow_eos.core.commit`), and finishing a window
-    whose transaction committed in Kafka before the ledger was told."""
+    whose transaction committed in Kafka before the ledger was told. The
+    records themselves are produced by :mod:`~airflow_eos.targets.kafka.produce`."""
 
     def transactional_id(self, window: Window | Attempt) -> str:
         return client.transactional_id(self.transactional_id_prefix, self.target_id, window)
@@ -235,99 +232,12 @@ class KafkaCommit(KafkaIntents):
         return produced
 
     @staticmethod
-    def _count_rows(conn: psycopg.Connection, rows_table, chunks: list[int]) -> int:
-        from psycopg import sql
-        return conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {} = ANY(%s)").format(
-            rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,)).fetchone()[0]
-
-    @staticmethod
-    def _window_headers(attempt: Attempt, token: int) -> list[tuple[str, bytes]]:
-        """The headers every record of the window's transaction carries: the
-        window, the attempt's epoch and the commit token."""
-        return [(client.H_PIPELINE, attempt.pipeline.encode()),
-                (client.H_WINDOW_START, to_utc(attempt.window_start).isoformat().encode()),
-                (client.H_WINDOW_END, to_utc(attempt.window_end).isoformat().encode()),
-                (client.H_EPOCH, str(attempt.epoch).encode()), (client.H_COMMIT, str(token).encode())]
-
-    def _send_rows(self, conn: psycopg.Connection, producer, failures: list[tuple], attempt: Attempt, token: int,
-                   chunks: list[int], midpoint: int) -> int:
-        """Send the checkpointed chunks' rows as records, in source order;
-        stop at the first failed delivery; flush once at ``midpoint`` (the
-        fault point ``commit.mid_produce``). Returns the records sent.
-
-        The rows come through a binary server-side cursor, a batch of rows
-        per fetch, with the lineage already as the header's bytes
-        (``convert_to`` in the query): bytea columns arrive as bytes. The
-        loop is the commit's hot path (one pass per record): the headers a
-        source partition's records share are built once per partition, and
-        ``produce`` is called here, leaving :meth:`_send` to the rare record
-        that finds the queue full or fails."""
-        from confluent_kafka import KafkaException
-        key_at = 0 if self.key_column else None
-        value_at = 1 if self.key_column else 0
-        header_names = list(enumerate(self.header_columns, value_at + 1))
-        h_offset, topic, produce = client.H_OFFSET, self.topic, producer.produce
-        shared, source = [], None  # the headers of the current source partition's records, and that partition
-        produced = 0
-        with self._staged_rows(conn, attempt, chunks) as cur:
-            while rows := cur.fetchmany(FETCH_ROWS):
-                for row in rows:
-                    if (row[-3], row[-2]) != source:
-                        source = (row[-3], row[-2])
-                        shared = self._source_headers(attempt, token, *source)
-                    headers = [*shared, (h_offset, row[-1])]
-                    if header_names:
-                        headers += [(name, row[i]) for i, name in header_names if row[i] is not None]
-                    key = row[key_at] if key_at is not None else None
-                    try:
-                        produce(topic, value=row[value_at], key=key, headers=headers)
-                    except BufferError:
-                        self._send(producer, key, row[value_at], headers, row[-3:])
-                    except KafkaException as exc:
-                        raise self._refused(exc, key, row[value_at], row[-3:]) from exc
-                    produced += 1
-                    if failures:
-                        return produced
-                    if produced == midpoint:
-                        producer.flush(client.TIMEOUT)
-                        fault_point("commit.mid_produce")
-        return produced
-
-    @contextmanager
-    def _staged_rows(self, conn: psycopg.Connection, attempt: Attempt, chunks: list[int]):
-        """A binary server-side cursor over the checkpointed chunks' rows in
-        source order: the record columns, then the lineage as UTF-8 bytes."""
-        from psycopg import sql
-        rows_table, _ = staging_ids(attempt.staging)
-        lineage = [sql.SQL("convert_to({}::text, 'UTF8')").format(sql.Identifier(c)) for c in LINEAGE_COLUMNS]
-        with conn.cursor(name=f"eos_kafka_{attempt.epoch}", binary=True) as cur:
-            cur.execute(sql.SQL("SELECT {} FROM {} WHERE {} = ANY(%s) ORDER BY eos_topic, eos_partition,"
-                                " eos_offset").format(
-                sql.SQL(", ").join([*map(sql.Identifier, self.record_columns), *lineage]),
-                rows_table, sql.Identifier(CHUNK_COLUMN)), (chunks,))
-            yield cur
-
-    @classmethod
-    def _source_headers(cls, attempt: Attempt, token: int, topic: bytes, partition: bytes) -> list[tuple[str, bytes]]:
-        """The headers every record from one source partition carries: the
-        window's, then the source topic and partition (the offset follows)."""
-        return [*cls._window_headers(attempt, token), (client.H_TOPIC, topic), (client.H_PARTITION, partition)]
-
-    def _check_delivered(self, conn: psycopg.Connection, producer, failures: list[tuple], attempt: Attempt,
-                         chunks: list[int]) -> None:
-        """Wait for every record's delivery; TargetError (naming the source
-        records of failed deliveries) if any failed or did not arrive in time."""
-        remaining = producer.flush(client.TIMEOUT)
-        if failures:
-            rows_table, _ = staging_ids(attempt.staging)
-            raise TargetError(f"cannot publish {attempt} into topic {self.topic}: "
-                              + "; ".join(self._failed_sources(conn, rows_table, chunks, failures))
-                              + " (nothing of the window is published: its transaction is "
-                              "aborted; a record too large needs the producer's message.max.bytes and the "
-                              "topic's max.message.bytes raised, or a smaller record)")
-        if remaining:
-            raise TargetError(f"cannot publish {attempt} into topic {self.topic}: {remaining} record(s) not "
-                              f"delivered within {client.TIMEOUT:.0f}s; the transaction is aborted")
+    def _mid_produce(producer) -> None:
+        """Half the window's records sent (see KafkaProduce._send_rows): flushed,
+        then the fault point ``commit.mid_produce`` (the commit's fault points
+        are all in this module)."""
+        producer.flush(client.TIMEOUT)
+        fault_point("commit.mid_produce")
 
     def _send_marker(self, producer, attempt: Attempt, token: int, ends: Mapping[TopicPartition, int]) -> None:
         """The window's marker, in the transaction: its end cuts and commit
@@ -352,50 +262,6 @@ class KafkaCommit(KafkaIntents):
             raise TargetError(f"the transaction of {attempt} into topic {self.topic} did not commit: {error.str()} "
                               "(fenced by another committer of the window, or the broker refused it); a retry tells "
                               "from the window's marker whether it committed") from exc
-
-    def _failed_sources(self, conn: psycopg.Connection, rows_table, chunks: list[int],
-                        failures: list[tuple]) -> list[str]:
-        """Each failed delivery as "source record t[p]@o: error": a delivery
-        report has the record's key and value, not its headers, so its
-        source is looked up in the staging by them (on the error path only)."""
-        from psycopg import sql
-        named = []
-        for error, key, value in failures:
-            where = sql.SQL("{} IS NOT DISTINCT FROM %s AND ").format(sql.Identifier(self.key_column)) \
-                if self.key_column else sql.SQL("")
-            found = conn.execute(sql.SQL("SELECT eos_topic, eos_partition, eos_offset FROM {} WHERE {}{} = %s AND {} ="
-                                         " ANY(%s) ORDER BY eos_topic, eos_partition, eos_offset LIMIT 1").format(
-                rows_table, where, sql.Identifier(self.value_column), sql.Identifier(CHUNK_COLUMN)),
-                ([key] if self.key_column else []) + [value, chunks]).fetchone()
-            source = f"source record {found[0]}[{found[1]}]@{found[2]}" if found else "a record"
-            named.append(f"{source}: {error}")
-        return named
-
-    def _send(self, producer, key, value, headers, lineage: tuple[bytes, bytes, bytes]) -> None:
-        """Produce one record, waiting for room in the producer's queue."""
-        from confluent_kafka import KafkaException
-        while True:
-            try:
-                producer.produce(self.topic, value=value, key=key, headers=headers)
-                return
-            except BufferError:
-                producer.poll(0.05)
-            except KafkaException as exc:
-                raise self._refused(exc, key, value, lineage) from exc
-
-    def _refused(self, exc, key, value, lineage: tuple[bytes, bytes, bytes]) -> TargetError:
-        """The error of a record ``produce`` refused, naming its source record."""
-        from confluent_kafka import KafkaError
-        source = "source record {}[{}]@{}".format(*(b.decode() for b in lineage))
-        error = exc.args[0]
-        size = len(value or b"") + len(key or b"")
-        if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-            return TargetError(f"cannot publish into topic {self.topic}: the record of {source} is too large "
-                               f"({size} bytes of key and value, beyond the producer's message.max.bytes); "
-                               "nothing of the window is published (its transaction is aborted): raise "
-                               "message.max.bytes in producer_config and the topic's max.message.bytes, "
-                               "or make the record smaller")
-        return TargetError(f"cannot publish the record of {source} into topic {self.topic}: {error.str()}")
 
     def _abort_transaction(self, producer, attempt: Attempt, token: int) -> None:
         """Abort the transaction; once Kafka confirmed it, its intent is
