@@ -4,8 +4,8 @@
 #   - Debian packages: PostgreSQL server binaries, a Java runtime for Spark,
 #     headless Chromium and its WebDriver (the Airflow UI in a browser, via Selenium)
 #   - uv, then the virtualenv .venv with this package and its dev extra
-#   - Apache Kafka's broker jars, Spark's Kafka connector jars and Hadoop's HDFS
-#     mini-cluster jars (Maven, cached outside the checkout)
+#   - Apache Kafka's broker jars, Spark's Kafka connector jars, Hadoop's HDFS
+#     mini-cluster jars and Iceberg's REST catalog server jars (Maven, cached outside the checkout)
 # Idempotent; a second run takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -121,4 +121,16 @@ if [ ! -f "$hdfs_home/.complete" ]; then
   mvn -q -B -f scripts/hdfs/pom.xml dependency:copy-dependencies \
       -DincludeScope=runtime -DoutputDirectory="$hdfs_home/lib"
   touch "$hdfs_home/.complete"
+fi
+
+# Apache Iceberg's REST catalog test server (the Iceberg target's tests on a REST catalog): its jars from Maven
+# Central, once, into the cache that airflow_eos.embedded.iceberg_rest_home() names.
+iceberg_version=$(sed -n 's:.*<iceberg.version>\(.*\)</iceberg.version>.*:\1:p' scripts/iceberg-rest/pom.xml)
+iceberg_rest_home=${EOS_ICEBERG_REST_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/iceberg-rest-$iceberg_version}
+if [ ! -f "$iceberg_rest_home/.complete" ]; then
+  log "fetching Apache Iceberg $iceberg_version's REST catalog server jars with Maven into $iceberg_rest_home"
+  rm -rf "$iceberg_rest_home/lib"
+  mvn -q -B -f scripts/iceberg-rest/pom.xml dependency:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$iceberg_rest_home/lib"
+  touch "$iceberg_rest_home/.complete"
 fi

@@ -40,7 +40,7 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 import pytest  # noqa: E402
 
-from airflow_eos.embedded import hdfs_service  # noqa: E402
+from airflow_eos.embedded import hdfs_service, iceberg_rest_service  # noqa: E402
 from harness import services, workers  # noqa: E402
 from harness.databases import empty_database  # noqa: E402
 from harness.topics import TopicFactory  # noqa: E402
@@ -157,6 +157,17 @@ def hdfs():
     """HDFS (a NameNode and a DataNode, Hadoop's mini-cluster) of the session's own; started by the
     first test that asks for it, so a worker without HDFS tests starts none."""
     with hdfs_service() as handle:
+        yield handle
+
+
+# --------------------------------------------------------------------------- an Iceberg REST catalog
+
+
+@pytest.fixture(scope="session")
+def iceberg_rest():
+    """Iceberg's REST catalog test server (a JdbcCatalog on SQLite) of the session's own; started by the
+    first test that asks for it. Its tables outlive a test: each test names its own."""
+    with iceberg_rest_service() as handle:
         yield handle
 
 

@@ -169,6 +169,15 @@ def test_the_hdfs_of_the_tests_is_the_hadoop_release_of_sparks_client():
     assert [p.name for p in jars.glob("hadoop-client-api-*.jar")] == [f"hadoop-client-api-{HADOOP_VERSION}.jar"]
 
 
+def test_the_rest_catalog_of_the_tests_is_the_iceberg_release_its_pom_names():
+    """The REST catalog server's jars (Maven) are the Iceberg release the embedded service names, so that
+    iceberg_rest_home() finds what scripts/bootstrap.sh fetched."""
+    from airflow_eos.embedded import ICEBERG_VERSION
+
+    pom = (ROOT / "scripts" / "iceberg-rest" / "pom.xml").read_text()
+    assert f"<iceberg.version>{ICEBERG_VERSION}</iceberg.version>" in pom
+
+
 def test_a_kafka_cluster_id_never_starts_with_a_dash():
     """The StorageTool reads an id starting with "-" as an option: one broker start in 64 failed so in a soak."""
     from airflow_eos.embedded import cluster_id
