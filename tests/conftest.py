@@ -171,6 +171,19 @@ def iceberg_rest():
         yield handle
 
 
+# --------------------------------------------------------------------------- an object store
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """An S3 endpoint of the session's own (moto's server, in memory: tests/harness/object_store.py)."""
+    from harness.object_store import start_s3
+
+    server, endpoint = start_s3()
+    yield endpoint
+    server.stop()
+
+
 # --------------------------------------------------------------------------- Airflow
 
 

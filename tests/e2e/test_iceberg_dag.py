@@ -2,7 +2,9 @@
 Spark (spark-submit for the first case; the session's warm Spark Connect
 server for the others, tests/e2e/conftest.py), the real broker and PostgreSQL
 (the ledger and the table's SQL catalog, or the session's Iceberg REST
-catalog): each window one snapshot of an Apache Iceberg table. Every case
+catalog; the table's files in a directory, or on the session's S3 endpoint,
+written by Spark through s3a): each window one snapshot of an Apache Iceberg
+table. Every case
 ends audited by ``verify`` and by the table read back as its readers read it
 (pyiceberg's scan of the current snapshot): every record of the committed
 windows' frozen ranges once, except the dead letters, nothing else."""
@@ -63,19 +65,30 @@ class Catalog:
 
 
 @pytest.fixture
-def catalog(request, monkeypatch) -> Catalog:
-    """The ledger's SQL catalog, or (``indirect`` parameter "rest") the
+def catalog(request, monkeypatch, pg_url, warehouse) -> Catalog:
+    """The ledger's SQL catalog; or (``indirect`` parameter "rest") the
     session's REST catalog through an Airflow connection, with a table of
-    this test's own (the REST catalog outlives the test); read when the DAG
-    file is parsed."""
-    if getattr(request, "param", "sql") != "rest":
+    this test's own (the REST catalog outlives the test); or ("s3") the
+    ledger's SQL catalog through a connection that gives the session's S3
+    endpoint, the table's location on it. Read when the DAG file is parsed."""
+    kind = getattr(request, "param", "sql")
+    if kind == "sql":
         return Catalog()
-    properties = rest_catalog_properties(request.getfixturevalue("iceberg_rest").address)
-    monkeypatch.setenv("AIRFLOW_CONN_ICEBERG_REST", json.dumps({"conn_type": "generic", "extra": properties}))
-    monkeypatch.setenv("EOS_ORDERS_ICEBERG_CATALOG", "iceberg_rest")
-    table = f"analytics_{uuid.uuid4().hex[:12]}.orders"
+    if kind == "rest":
+        extras = properties = rest_catalog_properties(request.getfixturevalue("iceberg_rest").address)
+        table = f"analytics_{uuid.uuid4().hex[:12]}.orders"
+    else:
+        from airflow_eos.targets.iceberg.table import ledger_catalog_properties
+        s3 = request.getfixturevalue("s3")
+        extras = {"type": "sql", **s3.io_properties()}  # the keys: in the connection, never in the DAG
+        properties = {**ledger_catalog_properties(pg_url), **extras}
+        monkeypatch.setenv("EOS_ORDERS_ICEBERG_WAREHOUSE", f"{s3.create_bucket('lake')}/{uuid.uuid4().hex}")
+        table = TABLE
+    conn_id = f"iceberg_{kind}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "generic", "extra": extras}))
+    monkeypatch.setenv("EOS_ORDERS_ICEBERG_CATALOG", conn_id)
     monkeypatch.setenv("EOS_ORDERS_ICEBERG_TABLE", table)
-    return Catalog(table, "iceberg_rest", properties)
+    return Catalog(table, conn_id, properties)
 
 
 def audit(pg_url, kafka_config, pipeline=PIPELINE, catalog: Catalog = Catalog()):
@@ -99,7 +112,7 @@ def snapshots(pg_url, catalog: Catalog = Catalog()) -> list[dict]:
             for s in table.metadata.snapshots]
 
 
-@pytest.mark.parametrize("catalog", ["sql", "rest"], indirect=True)
+@pytest.mark.parametrize("catalog", ["sql", "rest", "s3"], indirect=True)
 def test_windows_are_committed_once_each_in_one_snapshot(airflow_connections, kafka_config, topics, run_after,
                                                         warehouse, catalog):
     pg_url = airflow_connections

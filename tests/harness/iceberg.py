@@ -26,10 +26,12 @@ def catalog(pg_url: str, properties: dict | None = None):
     return load_catalog("airflow_eos", properties or ledger_catalog_properties(pg_url))
 
 
-def create_table(pg_url: str, name: str, warehouse: Path, schema: pa.Schema = ORDERS, properties: dict | None = None):
+def create_table(pg_url: str, name: str, warehouse: Path | str, schema: pa.Schema = ORDERS,
+                 properties: dict | None = None):
     """The table ``name`` (namespace.table) with ``schema``, located under
-    ``warehouse``, in the catalog of ``properties`` (None: the ledger's); the
-    table if it exists already."""
+    ``warehouse`` (a directory, or a URL such as ``s3://bucket/prefix``), in
+    the catalog of ``properties`` (None: the ledger's); the table if it exists
+    already."""
     from airflow_eos.core.ledger import Ledger
     Ledger(pg_url).migrate()
     cat = catalog(pg_url, properties)
@@ -40,7 +42,8 @@ def create_table(pg_url: str, name: str, warehouse: Path, schema: pa.Schema = OR
         pass  # made by a concurrent case between pyiceberg's check and its insert (chaos cells run in threads)
     if cat.table_exists(name):
         return cat.load_table(name)
-    return cat.create_table(name, schema, location=f"file://{warehouse}/{namespace}/{table}")
+    root = warehouse if "://" in str(warehouse) else f"file://{warehouse}"
+    return cat.create_table(name, schema, location=f"{root}/{namespace}/{table}")
 
 
 def rows(pg_url: str, name: str, properties: dict | None = None) -> list[dict]:

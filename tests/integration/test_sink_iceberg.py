@@ -5,9 +5,11 @@ committing between our load of the table and our commit, two commits of one
 window at once, a commit whose snapshot landed and whose history then expired,
 a zombie attempt's files, a replace under a reader pinned to a snapshot, and
 the schema rule. Each case ends with what readers see checked by lineage.
-The cases of a window's life run on both catalogs the target takes: the SQL
+The cases of a window's life run on both catalogs the target takes, the SQL
 catalog in the ledger's database and a REST catalog (Iceberg's own REST
-catalog server, whose commits are its compare-and-swap, not ours)."""
+catalog server, whose commits are its compare-and-swap, not ours), and with
+the table's files on an object store (an S3 endpoint: no directory, no
+rename)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def services(pg_url, ledger, tmp_path, request):
     return Services(pg_url, tmp_path, request.getfixturevalue)
 
 
-CATALOGS = ["iceberg", "iceberg-rest"]  # the contract suite's entries: the ledger's SQL catalog, a REST catalog
+# the contract suite's entries: the SQL catalog in the ledger, a REST catalog, the table's files on S3
+CATALOGS = ["iceberg", "iceberg-rest", "iceberg-s3"]
 
 
 @pytest.fixture(params=CATALOGS)
