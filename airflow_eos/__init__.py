@@ -1,6 +1,6 @@
 """airflow-eos: exactly-once batch windows over Kafka for Apache Airflow.
 
-    from airflow_eos import exactly_once_window, KafkaSource, PostgresTarget, FileTarget, KafkaTarget, IcebergTarget
+    from airflow_eos import exactly_once_window, KafkaSource, PostgresTarget  # and every other target kind
 
 The protocol lives in :mod:`airflow_eos.core` (no Airflow imports); the Airflow
 operators, sensors and triggers are thin shells over it. The public names are
@@ -15,17 +15,8 @@ public name.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
 from airflow_eos.core.registry import BUILTIN_KINDS
-
-if TYPE_CHECKING:
-    from airflow_eos.targets.files import FileTarget
-    from airflow_eos.targets.iceberg import IcebergTarget
-    from airflow_eos.targets.kafka import KafkaTarget
-    from airflow_eos.targets.postgres.target import PostgresTarget
-    from airflow_eos.core.source import KafkaSource
-    from airflow_eos.window import exactly_once_window
 
 __version__ = "0.1.0"
 
@@ -35,8 +26,8 @@ _PUBLIC = {
     "exactly_once_window": "airflow_eos.window",
     **{where.partition(":")[2]: where.partition(":")[0] for where in BUILTIN_KINDS.values()},
 }
-# The names for static tools (the imports above, for type checkers, are the same); _PUBLIC serves them.
-__all__ = ["FileTarget", "IcebergTarget", "KafkaSource", "KafkaTarget", "PostgresTarget", "exactly_once_window"]
+# A target kind's public name comes from its registry line only: nothing outside its folder names it.
+__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str):

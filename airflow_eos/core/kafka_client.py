@@ -131,6 +131,23 @@ def client_errors(config: dict) -> ClientErrors:
     return errors if isinstance(errors, ClientErrors) else ClientErrors()
 
 
+# librdkafka's consumer-only properties (scope "C" in its CONFIGURATION.md; the
+# unit tests check each against the installed librdkafka). A Kafka connection
+# is often tuned for reading (fetch.wait.max.ms, isolation.level,
+# auto.offset.reset, ...): a producer or an admin client given one logs a
+# CONFWARN for it (the Kafka target's commits, verify's look at topic configs).
+CONSUMER_ONLY = frozenset({
+    "group.id", "group.instance.id", "group.protocol", "group.protocol.type", "group.remote.assignor",
+    "partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms", "coordinator.query.interval.ms",
+    "max.poll.interval.ms", "enable.auto.commit", "auto.commit.interval.ms", "auto.commit.enable",
+    "enable.auto.offset.store", "auto.offset.reset", "queued.min.messages", "queued.max.messages.kbytes",
+    "fetch.wait.max.ms", "fetch.queue.backoff.ms", "fetch.message.max.bytes", "max.partition.fetch.bytes",
+    "fetch.max.bytes", "fetch.min.bytes", "fetch.error.backoff.ms", "isolation.level", "enable.partition.eof",
+    "check.crcs", "consume.callback.max.messages", "offset.store.method", "offset.store.path",
+    "offset.store.sync.interval.ms", "share.acknowledgement.mode",
+})
+
+
 def consumer_config(kafka_config: dict, **overrides) -> dict:
     """Client settings for reading planned ranges; no consumer group is joined."""
     if not kafka_config.get("bootstrap.servers"):

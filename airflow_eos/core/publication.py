@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from airflow_eos.core.attempt import Attempt
@@ -84,6 +84,20 @@ class PublishedAfterDecision:
         with self.ledger.connect() as conn, conn.transaction():
             self.ledger.durable_commit(conn)
             yield conn
+
+    def record_dead_letters(self, conn: psycopg.Connection, attempt: Attempt, records: Sequence[tuple],
+                            replacing: bool) -> None:
+        """The window's dead letters (``eos.dead_letters``' columns after the
+        window's) in the decision's transaction; a replace deletes the
+        window's older ones first."""
+        if replacing:
+            conn.execute("DELETE FROM eos.dead_letters WHERE pipeline = %s AND window_start = %s",
+                         (attempt.pipeline, attempt.window_start))
+        with conn.cursor() as cur, cur.copy(
+                'COPY eos.dead_letters (pipeline, window_start, epoch, topic, partition, "offset", error, key,'
+                " value) FROM STDIN") as copy:
+            for record in records:
+                copy.write_row((attempt.pipeline, attempt.window_start, attempt.epoch, *record))
 
     def record_decision(self, conn: psycopg.Connection, attempt: Attempt, location: str, schema: str | None,
                         replaces: int | None) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from airflow_eos.core.jars import JarCache
 from airflow_eos.embedded.processes import stop_process, wait_for_port
 
 log = logging.getLogger("airflow_eos.embedded")
@@ -24,20 +24,13 @@ HADOOP_VERSION = "3.5.0"
 MANAGER = "org.apache.hadoop.test.MiniDFSClusterManager"
 
 
+HDFS_JARS = JarCache(f"hdfs-{HADOOP_VERSION}", f"Hadoop {HADOOP_VERSION}'s mini-cluster jars", "EOS_HDFS_HOME",
+                     "hadoop-client-minicluster-*.jar", "scripts/hdfs/pom.xml")
+
+
 def hdfs_home() -> Path:
     """Where scripts/bootstrap.sh put Hadoop's mini-cluster jars (``lib/``)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    default = cache / "airflow-eos" / f"hdfs-{HADOOP_VERSION}"
-    return Path(os.environ.get("EOS_HDFS_HOME") or default)
-
-
-def hdfs_classpath() -> str:
-    lib = hdfs_home() / "lib"
-    if not (hdfs_home() / ".complete").exists() or not any(lib.glob("hadoop-client-minicluster-*.jar")):
-        raise RuntimeError(f"Hadoop {HADOOP_VERSION}'s mini-cluster jars are not in {lib}: run `make setup` (it "
-                           "fetches them with Maven from scripts/hdfs/pom.xml), or point EOS_HDFS_HOME at a directory "
-                           "whose lib/ holds them")
-    return f"{lib}/*"
+    return HDFS_JARS.home()
 
 
 class HdfsCluster:
@@ -61,7 +54,8 @@ class HdfsCluster:
         return f"hdfs://127.0.0.1:{self.port}"
 
     def _command(self, details: Path, config: Path) -> list[str]:
-        return ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true", "-cp", hdfs_classpath(),
+        return ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+                "-cp", HDFS_JARS.classpath(),
                 MANAGER, "-format", "-datanodes", "1", "-nnport", "0", "-httpport", "0",
                 "-writeDetails", str(details), "-writeConfig", str(config),
                 "-D", f"hdfs.minidfs.basedir={self.dir / 'data'}",

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from airflow_eos.core.jars import JarCache
 from airflow_eos.embedded.processes import free_port, stop_process, wait_for_port
 
 log = logging.getLogger("airflow_eos.embedded")
@@ -25,20 +26,14 @@ ICEBERG_VERSION = "1.10.1"
 SERVER = "org.apache.iceberg.rest.RESTCatalogServer"
 
 
+ICEBERG_REST_JARS = JarCache(f"iceberg-rest-{ICEBERG_VERSION}",
+                             f"Iceberg {ICEBERG_VERSION}'s REST catalog server jars", "EOS_ICEBERG_REST_HOME",
+                             "iceberg-open-api-*-test-fixtures.jar", "scripts/iceberg-rest/pom.xml")
+
+
 def iceberg_rest_home() -> Path:
     """Where scripts/bootstrap.sh put the REST catalog server's jars (``lib/``)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    default = cache / "airflow-eos" / f"iceberg-rest-{ICEBERG_VERSION}"
-    return Path(os.environ.get("EOS_ICEBERG_REST_HOME") or default)
-
-
-def iceberg_rest_classpath() -> str:
-    lib = iceberg_rest_home() / "lib"
-    if not (iceberg_rest_home() / ".complete").exists() or not any(lib.glob("iceberg-open-api-*-test-fixtures.jar")):
-        raise RuntimeError(f"Iceberg {ICEBERG_VERSION}'s REST catalog server jars are not in {lib}: run `make setup` "
-                           "(it fetches them with Maven from scripts/iceberg-rest/pom.xml), or point "
-                           "EOS_ICEBERG_REST_HOME at a directory whose lib/ holds them")
-    return f"{lib}/*"
+    return ICEBERG_REST_JARS.home()
 
 
 class IcebergRestCatalog:
@@ -72,7 +67,7 @@ class IcebergRestCatalog:
         self.warehouse.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         command = ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
-                   "-cp", iceberg_rest_classpath(), SERVER]
+                   "-cp", ICEBERG_REST_JARS.classpath(), SERVER]
         with open(self.logfile, "ab") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self._environment(),
                                          start_new_session=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-import os
 import shutil
 import subprocess
 import tempfile
@@ -15,6 +14,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from airflow_eos.core.jars import JarCache
 from airflow_eos.embedded.processes import free_port, stop_process, wait_for_port
 
 log = logging.getLogger("airflow_eos.embedded")
@@ -71,19 +71,13 @@ def cluster_id(draw=lambda: uuid.uuid4().bytes) -> str:
             return text
 
 
+KAFKA_JARS = JarCache(f"kafka-{KAFKA_VERSION}", f"Apache Kafka {KAFKA_VERSION}'s jars", "EOS_KAFKA_HOME",
+                      "kafka_2.13-*.jar", "scripts/kafka/pom.xml")
+
+
 def kafka_home() -> Path:
     """Where scripts/bootstrap.sh put Apache Kafka's jars (``lib/``)."""
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "airflow-eos" / f"kafka-{KAFKA_VERSION}"
-    return Path(os.environ.get("EOS_KAFKA_HOME") or default)
-
-
-def kafka_classpath() -> str:
-    lib = kafka_home() / "lib"
-    if not (kafka_home() / ".complete").exists() or not any(lib.glob("kafka_2.13-*.jar")):
-        raise RuntimeError(f"Apache Kafka {KAFKA_VERSION}'s jars are not in {lib}: run `make setup` (it fetches them "
-                           "with Maven from scripts/kafka/pom.xml), or point EOS_KAFKA_HOME at a directory whose lib/ "
-                           "holds them")
-    return f"{lib}/*"
+    return KAFKA_JARS.home()
 
 
 class KafkaBroker:
@@ -129,7 +123,7 @@ class KafkaBroker:
 
     def _java(self, *args: str) -> list[str]:
         return ["java", f"-Xms{self.heap}", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.yaml'}", "-cp", kafka_classpath(), *args]
+                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.yaml'}", "-cp", KAFKA_JARS.classpath(), *args]
 
     def start(self, timeout: float = 60.0) -> "KafkaBroker":
         started = time.monotonic()

@@ -14,8 +14,9 @@ fails ("No FileSystem for scheme")."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from airflow_eos.core.jars import JarCache
 
 SPARK_VERSION = "4.2.0"  # scripts/spark-kafka/pom.xml's spark.version; tests/unit/test_deployment.py checks both
 HOME_ENV = "EOS_SPARK_KAFKA_HOME"
@@ -23,38 +24,33 @@ CONNECTOR_JAR = f"spark-sql-kafka-0-10_2.13-{SPARK_VERSION}.jar"
 S3A_HOME_ENV = "EOS_SPARK_S3A_HOME"
 S3A_HADOOP_VERSION = "3.5.0"  # PySpark's Hadoop client's; scripts/spark-s3a/pom.xml's hadoop.version
 
+CONNECTOR = JarCache(f"spark-kafka-{SPARK_VERSION}", f"Spark's Kafka connector ({CONNECTOR_JAR}) and its jars",
+                     HOME_ENV, CONNECTOR_JAR, "scripts/spark-kafka/pom.xml")
+
 
 def connector_home() -> Path:
     """The directory whose ``lib/`` holds the connector's jars (``EOS_SPARK_KAFKA_HOME``,
     else where scripts/bootstrap.sh puts them)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get(HOME_ENV) or cache / "airflow-eos" / f"spark-kafka-{SPARK_VERSION}")
+    return CONNECTOR.home()
 
 
 def kafka_connector_jars() -> list[str]:
     """The paths of Spark's Kafka connector jars and what they need beyond
     pyspark's own jars; a clear error when ``make setup`` has not fetched them."""
-    lib = connector_home() / "lib"
-    jars = sorted(str(p) for p in lib.glob("*.jar"))
-    if not (connector_home() / ".complete").exists() or not (lib / CONNECTOR_JAR).exists():
-        raise RuntimeError(f"Spark's Kafka connector ({CONNECTOR_JAR}) is not in {lib}: run `make setup` (it "
-                           "fetches the jars with Maven from scripts/spark-kafka/pom.xml), or point "
-                           f"{HOME_ENV} at a directory whose lib/ holds them")
-    return jars
+    return CONNECTOR.jars()
 
 
-def s3a_home() -> Path:
-    """The directory whose ``lib/`` holds hadoop-aws and the AWS SDK modules it uses
-    (``EOS_SPARK_S3A_HOME``, else where scripts/bootstrap.sh puts them)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get(S3A_HOME_ENV) or cache / "airflow-eos" / f"spark-s3a-{S3A_HADOOP_VERSION}")
+S3A = JarCache(f"spark-s3a-{S3A_HADOOP_VERSION}", f"Hadoop {S3A_HADOOP_VERSION}'s S3A jars", S3A_HOME_ENV,
+               "hadoop-aws-*.jar", "scripts/spark-s3a/pom.xml")
 
 
 def s3a_jars() -> list[str]:
-    """The S3A file system's jars, if ``make setup`` fetched them; none otherwise."""
-    if not (s3a_home() / ".complete").exists():
+    """hadoop-aws and the AWS SDK modules it uses, if ``make setup`` fetched
+    them; none otherwise (only an ``s3a://`` write then fails)."""
+    try:
+        return S3A.jars()
+    except RuntimeError:
         return []
-    return sorted(str(p) for p in (s3a_home() / "lib").glob("*.jar"))
 
 
 def connector_jars() -> list[str]:
@@ -63,5 +59,5 @@ def connector_jars() -> list[str]:
     return [*kafka_connector_jars(), *s3a_jars()]
 
 
-__all__ = ["CONNECTOR_JAR", "HOME_ENV", "S3A_HADOOP_VERSION", "S3A_HOME_ENV", "SPARK_VERSION", "connector_home",
-           "connector_jars", "kafka_connector_jars", "s3a_home", "s3a_jars"]
+__all__ = ["CONNECTOR_JAR", "HOME_ENV", "S3A", "S3A_HADOOP_VERSION", "S3A_HOME_ENV", "SPARK_VERSION", "connector_home",
+           "connector_jars", "kafka_connector_jars", "s3a_jars"]

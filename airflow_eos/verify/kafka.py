@@ -1,7 +1,9 @@
 """Reading Kafka for ``verify``: the offsets of the records present in each
 committed window's planned ranges (offsets have gaps: transaction markers,
-compaction), copied into a temp table of the audit's transaction; and whether
-a partition is held at its last committed end cut (see core.plan)."""
+compaction), copied into a temp table of the audit's transaction; which of those
+ranges are in compacted topics (the cleaner may have removed records of them
+since their window was read); and whether a partition is held at its last
+committed end cut (see core.plan)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import LogTruncated, OffsetsExpired, SourceUnavailable, UnknownTopic
 from airflow_eos.core.skew import held_behind, records_after
-from airflow_eos.core.kafka_client import READER_KAFKA_DEFAULTS, consumer_config, reader
+from airflow_eos.core.kafka_client import CONSUMER_ONLY, READER_KAFKA_DEFAULTS, client_logging, consumer_config, reader
 from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog
 from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
 from airflow_eos.verify.report import HELD, SOURCE, Violation, _at, _Window
@@ -36,6 +38,8 @@ class Read:
     counts: dict[tuple[datetime, TopicPartition], int] = field(default_factory=dict)  # records per window and range
     unreadable: set[datetime] = field(default_factory=set)  # windows with a range Kafka cannot give any more
     violations: list[Violation] = field(default_factory=list)  # SOURCE and HELD
+    # (window, partition) of the committed ranges in compacted topics, also in the temp table eos_verify_compacted
+    compacted: set[tuple[datetime, TopicPartition]] = field(default_factory=set)
 
 
 def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
@@ -85,7 +89,49 @@ def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
                         continue
                     read.counts[w.start, r.tp] = count
         read.violations += _held(log_, bounds, windows, max_timestamp_skew)
+    _note_compacted(conn, windows, kafka, read)
     return read
+
+
+def _note_compacted(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
+                    kafka: PartitionLog | Mapping[str, Any], read: Read) -> None:
+    """The committed ranges of compacted topics, into ``read.compacted`` and the
+    temp table eos_verify_compacted (window_start, topic, partition,
+    start_offset, end_offset): there a record the window published may have
+    been removed by the cleaner since (a PartitionLog given instead of a
+    configuration is taken as never compacted)."""
+    conn.execute("CREATE TEMP TABLE eos_verify_compacted (window_start timestamptz NOT NULL, topic text NOT NULL,"
+                 " partition integer NOT NULL, start_offset bigint NOT NULL, end_offset bigint NOT NULL)"
+                 " ON COMMIT DROP")
+    committed = [(w.start, r) for w in windows.values() if w.state == WindowState.COMMITTED for r in w.ranges]
+    if not isinstance(kafka, Mapping) or not committed:
+        return
+    compacted = compacted_topics(kafka, sorted({r.topic for _, r in committed}))
+    rows = [(ws, r.topic, r.partition, r.start_offset, r.end_offset) for ws, r in committed if r.topic in compacted]
+    read.compacted = {(ws, TopicPartition(topic, partition)) for ws, topic, partition, _, _ in rows}
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO eos_verify_compacted VALUES (%s, %s, %s, %s, %s)", rows)
+
+
+def compacted_topics(kafka_config: Mapping[str, Any], topics: list[str]) -> set[str]:
+    """The topics whose ``cleanup.policy`` includes ``compact``. A topic whose
+    configuration cannot be read counts as not compacted: every record its
+    windows published must then still be there (the stricter audit)."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    admin = AdminClient({**client_logging(), **{k: v for k, v in kafka_config.items() if k not in CONSUMER_ONLY}})
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics],
+                                     request_timeout=10)
+    compacted = set()
+    for resource, future in futures.items():
+        try:
+            policy = future.result(15).get("cleanup.policy")
+        except Exception:  # noqa: BLE001 - not allowed to describe it, or gone: audited as not compacted
+            continue
+        if policy is not None and "compact" in (policy.value or ""):
+            compacted.add(resource.name)
+    return compacted
+
 
 
 def _held(log_: PartitionLog, bounds: dict[TopicPartition, Bounds], windows: Mapping[datetime, _Window],

@@ -5,7 +5,7 @@ pipeline's offsets against its contiguous committed prefix."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 
 import psycopg
@@ -36,10 +36,13 @@ def count_violations(windows: Mapping[datetime, _Window], audits: Mapping[dateti
 
 
 def checkpoint_violations(conn: psycopg.Connection, pipeline: str, windows: Mapping[datetime, _Window],
-                          kafka_counts: Mapping[tuple[datetime, TopicPartition], int]) -> list[Violation]:
+                          kafka_counts: Mapping[tuple[datetime, TopicPartition], int],
+                          compacted: Collection[tuple[datetime, TopicPartition]] = ()) -> list[Violation]:
     """CHECKPOINT: a committed attempt's checkpoint that consumed a partition
     its window does not plan, lacks or differs from a planned range, or counted
-    other than the records Kafka holds in it (``kafka_counts``, where read)."""
+    other than the records Kafka holds in it (``kafka_counts``, where read;
+    in a range of a compacted topic, ``compacted``, fewer than Kafka holds: the
+    cleaner may have removed records since the window read them)."""
     checkpoints: dict[tuple[datetime, TopicPartition], tuple[int, int, int]] = {}
     for ws, topic, partition, start, end, records in conn.execute(
         "SELECT c.window_start, c.topic, c.partition, c.start_offset, c.end_offset, c.records"
@@ -50,13 +53,14 @@ def checkpoint_violations(conn: psycopg.Connection, pipeline: str, windows: Mapp
     violations = []
     for ws, window in windows.items():
         if window.state == WindowState.COMMITTED:
-            violations += _window_checkpoint_violations(ws, window, checkpoints, kafka_counts)
+            violations += _window_checkpoint_violations(ws, window, checkpoints, kafka_counts, compacted)
     return violations
 
 
 def _window_checkpoint_violations(ws: datetime, window: _Window,
                                   checkpoints: Mapping[tuple[datetime, TopicPartition], tuple[int, int, int]],
-                                  kafka_counts: Mapping[tuple[datetime, TopicPartition], int]) -> list[Violation]:
+                                  kafka_counts: Mapping[tuple[datetime, TopicPartition], int],
+                                  compacted: Collection[tuple[datetime, TopicPartition]]) -> list[Violation]:
     """checkpoint_violations of one committed window; ``checkpoints``: every
     committed checkpoint's (start, end, records) by window and partition."""
     violations = []
@@ -82,7 +86,7 @@ def _window_checkpoint_violations(ws: datetime, window: _Window,
                             f"[{start}, {end}), the plan is [{r.start_offset}, {r.end_offset})",
                 ws, r.topic, r.partition))
         present = kafka_counts.get((ws, r.tp))
-        if present is not None and records != present:
+        if present is not None and (records < present if (ws, r.tp) in compacted else records != present):
             violations.append(Violation(
                 CHECKPOINT, f"{_at(ws)}: the checkpoint of attempt {window.committed_epoch} counted {records} "
                             f"records in {r.tp} [{r.start_offset}, {r.end_offset}), Kafka holds {present}",

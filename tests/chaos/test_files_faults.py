@@ -19,8 +19,12 @@ directory sees, step by step:
   staging, the rerun publishes;
 - a zombie writer after fencing: its files never reach a partition, its
   writes after its staging was deleted fail, and nothing is recreated;
-- a replace while a reader lists and reads the root in a loop: the window is
-  never missing or half replaced (also with a crash right after the exchange).
+- a replace while a reader lists and reads the window in a loop: one whole
+  version at a time, the old one then the new one, never a mix (also with a
+  crash right after the replace); on a local root never a moment without the
+  window (an exchange), on HDFS that moment between its two renames.
+
+Each runs on a local root and on HDFS (the ``lake`` parameter).
 
 Each ends with harness.chaos.check: verify clean, the root read with PyArrow
 equal to the Kafka records by lineage, no staging, trash or pending
@@ -42,7 +46,7 @@ import pytest
 
 from airflow_eos.core.errors import TargetError
 from airflow_eos.targets.files.storage import files_for
-from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR
+from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR, TRASH_DIR
 from harness.chaos import (
     Harness,
     StepFailed,
@@ -227,8 +231,10 @@ def test_a_failure_in_the_middle_of_the_staging_write_counts_nothing_and_the_rer
 # --------------------------------------------------------------------------- a zombie writer after fencing
 
 
+@pytest.mark.parametrize("lake", ["local", "hdfs"], indirect=True)
 def test_a_zombie_writer_after_fencing_never_reaches_a_published_partition(files_pipeline, tmp_path, tally):
     p = files_pipeline("zombie_writer", max_records_per_task=5)
+    store = files_for(p.root)
     h = Harness(p, tmp_path / "state")
     zombie = Zombie(p, 0)  # attempt 1: opened, one write task's chunk staged, then its driver hangs
     zombie_dir = p.target.staging_dir(zombie.attempt)
@@ -237,7 +243,7 @@ def test_a_zombie_writer_after_fencing_never_reaches_a_published_partition(files
     await_step(p, staged)
     assert commit_step(p, staged)["outcome"] == "published"
     h.emitted(0, "published")
-    published = set(os.listdir(p.target.partition_dir(p.window(0))))
+    published = set(listed(p.target.partition_dir(p.window(0))))
 
     # The zombie's write tasks go on writing into their own staging ...
     writer = p.target.writer(zombie.attempt)
@@ -247,20 +253,20 @@ def test_a_zombie_writer_after_fencing_never_reaches_a_published_partition(files
     batches = [transform_batch(raw)[0] for raw in read_range(p.kafka_config, task, batch_rows=p.batch_rows,
                                                                end_grace_s=0.5, poll_timeout_s=20)]
     writer.write(batches)
-    zombie_files = {n for sub in ("data", "publish") for n in os.listdir(os.path.join(zombie_dir, sub))}
+    zombie_files = {n for sub in ("data", "publish") for n in listed(f"{zombie_dir}/{sub}")}
     assert zombie_files and not zombie_files & published
     # ... and its job commit is refused: fenced.
     assert zombie.finish().startswith("refused: AttemptFenced"), h.history()
-    zombie_files |= set(os.listdir(os.path.join(zombie_dir, "data")))
-    assert set(os.listdir(p.target.partition_dir(p.window(0)))) == published
+    zombie_files |= set(listed(f"{zombie_dir}/data"))
+    assert set(listed(p.target.partition_dir(p.window(0)))) == published
 
     assert abort_step(p, p.window(0)) == [1]  # the run's teardown aborts it and deletes its staging
-    assert not os.path.exists(zombie_dir)
+    assert not store.exists(zombie_dir)
     with pytest.raises(TargetError, match="aborted or committed"):
         writer.write(batches)  # a write after that fails, and recreates nothing
-    assert not os.path.exists(zombie_dir)
-    assert set(os.listdir(p.target.partition_dir(p.window(0)))) == published
-    for path, _, files in os.walk(p.root):
+    assert not store.exists(zombie_dir)
+    assert set(listed(p.target.partition_dir(p.window(0)))) == published
+    for path, _, files in store.walk(p.root):
         assert not zombie_files & set(files), f"a zombie's file in {path}"
     h.run(1)
     tally.add(check(h, WINDOWS))
@@ -269,35 +275,52 @@ def test_a_zombie_writer_after_fencing_never_reaches_a_published_partition(files
 # --------------------------------------------------------------------------- replace while a reader reads
 
 
+MISSING = "missing"  # what a reader sees of a window whose directory is not there
+
+
 class Reader(threading.Thread):
-    """Lists and reads the root in a loop, as a query engine would, and records
-    anything a reader must never see: the window's directory missing, a listing
-    that is not one whole version (its commit file and exactly its files), or
-    rows that are not exactly the window's records, once each. A read that
-    fails with "file not found" (listed before the swap, opened after) is
-    allowed: the query is rerun."""
+    """Lists and reads the window's directory in a loop, as a query engine
+    would, and records the versions it saw, in order (``seen``: the commit
+    file's epoch of each whole listing, MISSING where the directory was not
+    there), and as problems what a reader must never see on any store: a
+    listing that is not one whole version (its commit file and exactly its
+    files), or rows that are not exactly the window's records, once each. A
+    read that fails with "file not found" (listed before the swap, opened
+    after) is allowed: the query is rerun."""
 
     def __init__(self, p, i: int, expected_rows: int):
         super().__init__(daemon=True)
         self.p, self.i, self.expected_rows = p, i, expected_rows
+        self.store = files_for(p.root)
         self.directory = p.target.partition_dir(p.window(i))
+        self.source = parquet_source(self.directory)
         self.stop = threading.Event()
         # Set by __exit__: the reader goes on until a listing begun after it has
         # been read whole (the window's last version, once the run has ended).
         self.wrap_up_at: float | None = None
         self.wrapped_up = threading.Event()
         self.problems: list[str] = []
-        self.epochs: list[int] = []
+        self.seen: list[int | str] = []
+        self.saw_missing = threading.Event()
         self.listings = self.reads = self.retried_reads = self.swaps_seen = 0
 
-    def _doc(self) -> dict | None:
+    def _see(self, version: int | str) -> None:
+        if not self.seen or self.seen[-1] != version:
+            self.seen.append(version)
+        if version == MISSING:
+            self.saw_missing.set()
 
+    def _doc(self) -> dict | None:
+        commit_file = f"{self.directory}/{COMMIT_FILE}"
         try:
-            with open(os.path.join(self.directory, COMMIT_FILE)) as f:
-                return json.load(f)
+            return json.loads(self.store.read_bytes(commit_file))
         except FileNotFoundError:
-            what = "directory" if not os.path.isdir(self.directory) else COMMIT_FILE
-            self.problems.append(f"the window's {what} was missing")
+            # No directory; or one that came back whole between the two looks
+            # (both: nothing there when read); or a directory without its commit file.
+            if self.store.is_dir(self.directory) and not self.store.is_file(commit_file):
+                self.problems.append(f"the window's {COMMIT_FILE} was missing")
+            else:
+                self._see(MISSING)
             return None
 
     def run(self) -> None:
@@ -305,9 +328,9 @@ class Reader(threading.Thread):
             began = time.monotonic()
             before = self._doc()
             try:
-                names = set(os.listdir(self.directory))
+                names = {e.name for e in self.store.entries(self.directory)}
             except FileNotFoundError:
-                self.problems.append("the window's directory was missing")
+                self._see(MISSING)
                 continue
             after = self._doc()
             if before is None or after is None:
@@ -319,10 +342,9 @@ class Reader(threading.Thread):
             if names != {f["name"] for f in before["files"]} | {COMMIT_FILE}:
                 self.problems.append(f"a half-replaced window: {sorted(names)} (epoch {before['epoch']})")
                 continue
-            if not self.epochs or self.epochs[-1] != before["epoch"]:
-                self.epochs.append(before["epoch"])
+            self._see(before["epoch"])
             try:
-                rows = pq.read_table(self.directory).to_pylist()
+                rows = pq.read_table(**self.source).to_pylist()
             except OSError:  # listed before the swap, opened after: rerun the query
                 self.retried_reads += 1
                 continue
@@ -341,35 +363,70 @@ class Reader(threading.Thread):
 
     def __exit__(self, *exc):
         # On a loaded machine the last listing could begin before the swap and
-        # the reader be stopped before another: epochs [1], nothing wrong seen.
+        # the reader be stopped before another: seen [1], nothing wrong seen.
         self.wrap_up_at = time.monotonic()
         self.wrapped_up.wait(30)
         self.stop.set()
         self.join(30)
 
 
+# The longest the in-process commit of the HDFS replace waits between its two renames.
+HOLD_S = 30
+
+
+def hold_between_the_renames(store, monkeypatch, until: threading.Event) -> None:
+    """HDFS's replace (HdfsFiles.replace) waits, once the old version is in the
+    trash and before the new one moves in, until the reader has seen the
+    window missing (at most HOLD_S): the moment without the window, held
+    until it is seen, however slowly a loaded machine runs the reader."""
+    rename = store.client.rename
+
+    def renamed_then_held(src, dst, overwrite=False):
+        rename(src, dst, overwrite)
+        if f"/{TRASH_DIR}/" in dst:
+            until.wait(HOLD_S)
+
+    monkeypatch.setattr(store.client, "rename", renamed_then_held)
+
+
+@pytest.mark.parametrize("lake", ["local", "hdfs"], indirect=True)
 @pytest.mark.parametrize("fault", ["", "commit.after_rename=crash*1"])
-def test_a_replace_while_a_reader_lists_the_root_never_shows_the_window_missing_or_half_replaced(
-        fault, files_pipeline, tmp_path, tally):
+def test_a_replace_while_a_reader_lists_the_window_shows_the_old_version_whole_then_the_new_one(
+        fault, files_pipeline, tmp_path, tally, monkeypatch):
+    """A local root (``renameat2(RENAME_EXCHANGE)``): old whole, then new whole,
+    never a moment without the window. HDFS (two renames, no exchange): old
+    whole, then no window, then new whole; never a mix, never both. The cell
+    without a fault commits in this process and holds the HDFS replace between
+    its renames (:func:`hold_between_the_renames`), so the reader must see the
+    moment without the window; the crashing one commits in a child, unheld."""
     p = files_pipeline("replace_reader" + ("_crash" if fault else ""), on_committed="replace",
                        max_records_per_task=5)
+    exchange = not p.root.startswith("hdfs://")
     h = Harness(p, tmp_path / "state", retries=1)
     h.run_many(list(WINDOWS))
     before = commit_doc(p, 0)
     assert before["epoch"] == 1
     h.faults[0] = fault
-    with Reader(p, 0, before["rows"]) as reader:
+    reader = Reader(p, 0, before["rows"])
+    if not exchange and not fault:
+        hold_between_the_renames(files_for(p.root), monkeypatch, until=reader.saw_missing)
+    with reader:
         run = h.run(0)  # a clear of the committed window: its rows are replaced
     assert run.state == "success", h.history()
-    if fault:  # crashed right after the exchange; the retry found the partition complete
+    if fault:  # crashed right after the replace; the retry found the partition complete
         assert [r for s, r in run.tries if s == "commit"] == ["crashed", "ok"], h.history()
         assert run.summary["outcome"] == "already_committed"
     else:
         assert run.summary["outcome"] == "replaced"
     assert reader.problems == [], reader.problems[:5]
     assert reader.listings > 0 and reader.reads > 0
-    assert reader.epochs == [1, 2]  # it read the old version, then the new one, and nothing else
+    # It read the old version, then (HDFS) saw no window, then read the new one, and nothing else.
+    if exchange:
+        assert reader.seen == [1, 2]
+    elif not fault:
+        assert reader.seen == [1, MISSING, 2]
+    else:
+        assert reader.seen in ([1, 2], [1, MISSING, 2])
     assert commit_doc(p, 0)["epoch"] == 2 and window_state(p, 0) == ("committed", 2)
     assert {e: s for start, e, s in publications(p) if start == p.window(0).start}[2] == "published"
     tally.add(check(h, WINDOWS))
-

@@ -15,10 +15,11 @@ from the seed), on a server of its own. It ends with verify clean against Kafka
 and the totals (see chaos.check).
 
 Every seed runs on every target (harness.chaos.TARGETS): PostgreSQL (its
-publishing mode drawn from the seed), the file target and the Kafka target
-(faults drawn from the points each one's code reaches; on the Kafka target a
-clear of a committed window always skips: ``replace`` does not exist for a
-topic, harness.chaos.ON_COMMITTED). A seed's PostgreSQL
+publishing mode drawn from the seed), the file target (its root a local
+directory for an even seed, a directory on HDFS for an odd one:
+harness.chaos.STORES) and the Kafka target (faults drawn from the points
+each one's code reaches; on the Kafka target a clear of a committed window
+always skips: ``replace`` does not exist for a topic, harness.chaos.ON_COMMITTED). A seed's PostgreSQL
 schedule is the one it drew before the other targets existed. They run seed
 by seed, each seed on every target in turn (conftest.pytest_collection_modifyitems).
 
@@ -63,6 +64,11 @@ TALLY.seeds = (f" (seeds {BASE}..{BASE + N - 1}" if N > 1 else f" (seed {BASE}")
 def schedules(request, pg_server, ledger_template, chaos_source, chaos_skewed_source, tmp_path_factory):
     """The selected schedules, PARALLEL at once, in the order their tests come."""
     sources = {"ordered": chaos_source, "skewed": chaos_skewed_source}
+    keys = [(params["target"], params["seed"])
+            for params in selected_params(request, "test_randomized_schedule_is_exactly_once")]
+    # Started here, in the fixture's thread, if a selected schedule needs it.
+    hdfs = (request.getfixturevalue("hdfs").address
+            if any(Schedule.draw(seed, target=target).store == "hdfs" for target, seed in keys) else None)
 
     def one(target, seed):
         s = Schedule.draw(seed, target=target)
@@ -75,16 +81,15 @@ def schedules(request, pg_server, ledger_template, chaos_source, chaos_skewed_so
             return play(s, url)
 
     def play(s, url, **kwargs):
+        root = f"{hdfs}/chaos/lake{s.seed}" if s.store == "hdfs" else tmp_path_factory.mktemp(f"lake{s.seed}")
         p = new_pipeline(url, sources[s.source], f"r{s.seed}_{s.target}", on_committed=s.on_committed,
                          mode=s.target_mode, mirror=s.mirror, max_records_per_task=s.max_records_per_task,
-                         target=s.target, root=tmp_path_factory.mktemp(f"lake{s.seed}"))
+                         target=s.target, root=root)
         verdict = run_schedule(s, p, tmp_path_factory.mktemp(f"seed{s.seed}"), **kwargs)
         if p.target_topic:  # checked; a failed schedule keeps its topic for whoever reads the report
             delete_topic(p.kafka_config["bootstrap.servers"], p.target_topic)
         return s, verdict
 
-    keys = [(params["target"], params["seed"])
-            for params in selected_params(request, "test_randomized_schedule_is_exactly_once")]
     # Made once, here: the first call clears a --basetemp, and two schedule threads
     # making it at once collided (FileExistsError in the first two schedules).
     tmp_path_factory.getbasetemp()
@@ -100,4 +105,5 @@ def test_randomized_schedule_is_exactly_once(target, seed, schedules, tally):
     if isinstance(result, BaseException):
         raise result
     schedule, verdict = result
-    tally.add(verdict, schedule=target, source=schedule.source, pg_restart=schedule.pg_restart)
+    tally.add(verdict, schedule=target if schedule.store == "local" else f"{target} on {schedule.store}",
+              source=schedule.source, pg_restart=schedule.pg_restart)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 
 # Measured in the fresh-clone run of 2026-11-27 06:12 UTC (randomized 407 s, live_stack 329 s, ...); the
-# matrix's three modules and the two marker-expiry modules placed by their share of the module they came from.
+# matrix's three modules and the two marker-expiry modules placed by their share of the module they came from;
+# the file matrix's HDFS cells after the matrix modules (18 cells at ~0.6 CPU-s and an HDFS start, ~9 CPU-s).
 SLOWEST_FIRST = (
     "tests/chaos/test_randomized.py",
     "tests/e2e/test_live_stack.py",
@@ -27,6 +28,7 @@ SLOWEST_FIRST = (
     "tests/chaos/test_matrix_files.py",
     "tests/chaos/test_matrix_postgres.py",
     "tests/chaos/test_matrix_kafka.py",
+    "tests/chaos/test_matrix_files_hdfs.py",
     "tests/chaos/test_races_and_restarts.py",
     "tests/e2e/test_spark_connect.py",
     "tests/e2e/test_demo.py",

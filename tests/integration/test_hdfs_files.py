@@ -2,8 +2,9 @@
 what every file system does is tests/integration/test_file_systems.py), on a
 real NameNode and DataNode (Hadoop's mini-cluster, one per pytest worker): the
 rename of ``FileSystem.rename`` (WebHDFS's ``op=RENAME`` without options) moves
-a directory into an existing one, which is why it is not the client; a replace
-cut between its two renames leaves no mix of versions; Spark's own Parquet
+a directory into an existing one, which is why it is not the client; a rename
+that overwrites takes only an empty directory, so a replace is two renames; a
+replace cut between its two renames leaves no mix of versions; Spark's own Parquet
 writer and reader work on the ``hdfs://`` paths the client renames.
 """
 
@@ -87,6 +88,23 @@ def test_a_replace_cut_between_its_renames_leaves_no_mix_and_a_rename_finishes_i
     files.rename_noreplace(f"{root}/staging/publish", f"{root}/window")
     assert names(files, f"{root}/window") == ["new-0"]
     assert names(files, f"{root}/_trash/1") == ["old-0"]
+
+
+def test_a_rename_that_overwrites_takes_only_an_empty_directory_so_a_replace_is_two_renames(files, root):
+    """HDFS has no exchange, and ``rename2`` with ``Options.Rename.OVERWRITE``
+    is no atomic replace of a window: the NameNode replaces an empty
+    destination directory only ("rename destination directory is not empty"
+    otherwise, FSDirRenameOp.validateOverwrite); the old version must leave
+    first, so a replace is two renames."""
+    staged(files, f"{root}/window", {"old-0": b"o"})
+    staged(files, f"{root}/publish", {"new-0": b"n"})
+    with pytest.raises(Exception, match="not empty"):
+        files.client.rename(split_url(f"{root}/publish")[1], split_url(f"{root}/window")[1], True)
+    assert names(files, f"{root}/window") == ["old-0"] and names(files, f"{root}/publish") == ["new-0"]
+
+    files.makedirs(f"{root}/empty")
+    files.client.rename(split_url(f"{root}/publish")[1], split_url(f"{root}/empty")[1], True)
+    assert names(files, f"{root}/empty") == ["new-0"]
 
 
 def test_urls_name_a_cluster_and_a_directory_of_it(files):

@@ -13,15 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import commit as protocol
 from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
+from airflow_eos.core.columns import DEAD_LETTER_COLUMNS
 from airflow_eos.core.commit import CommitResult, Published, Settlement
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.publication import COMPLETE, DECIDED, PUBLISHED_STATE, SUPERSEDED, SUPERSEDED_HOW  # noqa: F401
+from airflow_eos.core.staged_files import dead_letter_records
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files import fs
 from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.staging import ManifestFile
-from airflow_eos.targets.files.writer import COMMIT_FILE, DEAD_LETTER_COLUMNS, PUBLISH, StagedFile, read_footer
+from airflow_eos.targets.files.writer import COMMIT_FILE, PUBLISH, StagedFile, read_footer
 
 if TYPE_CHECKING:
     import psycopg
@@ -67,19 +69,11 @@ class FileCommit(FileSinkFields):
         self._check_destination(attempt, replacing is not None)
         dead = self._read_dead_letters(attempt, manifest)
         fault_point("commit.before_publish")
-        replaced = 0
-        if replacing is not None:
-            conn.execute("DELETE FROM eos.dead_letters WHERE pipeline = %s AND window_start = %s",
-                         (attempt.pipeline, attempt.window_start))
-            replaced = replacing.published_rows or 0
-        with conn.cursor() as cur, cur.copy(
-                'COPY eos.dead_letters (pipeline, window_start, epoch, topic, partition, "offset", error, key,'
-                " value) FROM STDIN") as copy:
-            for record in dead:
-                copy.write_row((attempt.pipeline, attempt.window_start, attempt.epoch, *record))
+        self.record_dead_letters(conn, attempt, dead, replacing is not None)
         schema = next((f.schema for f in self._sealed_data(attempt, manifest)), None)
         self.record_decision(conn, attempt, self.partition_path(attempt), schema,
                              replacing.committed_epoch if replacing is not None else None)
+        replaced = (replacing.published_rows or 0) if replacing is not None else 0
         return Published(checkpoint.row_count, len(dead), replaced)
 
     def discard(self, attempt: Attempt, conn: psycopg.Connection | None = None) -> None:
@@ -114,12 +108,9 @@ class FileCommit(FileSinkFields):
         import pyarrow.parquet as pq
         dead = []
         for m in manifest:
-            if m.kind != "dead_letters":
-                continue
-            with self.files.open_input(os.path.join(self.staging_dir(attempt), m.path)) as f:
-                table = pq.read_table(f, columns=list(DEAD_LETTER_COLUMNS))
-            for r in table.to_pylist():
-                dead.append(tuple(r[c] for c in DEAD_LETTER_COLUMNS))
+            if m.kind == "dead_letters":
+                with self.files.open_input(os.path.join(self.staging_dir(attempt), m.path)) as f:
+                    dead += dead_letter_records(pq.read_table(f, columns=list(DEAD_LETTER_COLUMNS)))
         return dead
 
     # ------------------------------------------------------------------ publish (idempotent)

@@ -24,6 +24,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from airflow_eos.core.staged_files import delete_while_written
+
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -137,19 +139,10 @@ def write_atomically(path: str, data: bytes) -> None:
     fsync_dir(os.path.dirname(path))
 
 
-def remove_tree(path: str, attempts: int = 5) -> bool:
-    """Delete ``path`` and everything in it; True if it is gone (or never was).
-    Retries while a writer still adds files to it (rmdir: directory not
-    empty)."""
-    for i in range(attempts):
-        try:
-            shutil.rmtree(path)
-            return True
-        except FileNotFoundError:
-            return not os.path.lexists(path)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or i == attempts - 1:
-                raise
-            time.sleep(0.05 * (i + 1))
+def remove_tree(path: str) -> bool:
+    """Delete ``path`` and everything in it, again while a writer still adds
+    files to it (core.staged_files.delete_while_written); True if it is gone
+    (or never was)."""
+    delete_while_written(lambda: shutil.rmtree(path))
     return not os.path.lexists(path)
 

@@ -28,7 +28,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,7 @@ from airflow_eos.core.columns import DEAD_LETTER_COLUMNS
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import dead_letters_as_rows
+from airflow_eos.core.staged_files import one_schema
 from airflow_eos.targets.files.storage import Files, files_for
 
 if TYPE_CHECKING:
@@ -224,15 +225,15 @@ class FileWriter:
                            "aborted or committed (a fenced or zombie writer cannot stage any more)")
 
     def _write_rows(self, path: str, batches: Iterable[pa.RecordBatch | pa.Table]) -> int:
-        tables = (b for b in _as_tables(batches) if b.num_rows)
-        first = next(tables, None)
-        if first is None:
+        chunk = one_schema(batches)
+        if chunk is None:
             return 0
-        reserved = sorted(set(first.schema.names) & set(self.reserved))
+        schema, tables = chunk
+        reserved = sorted(set(schema.names) & set(self.reserved))
         if reserved:
             raise TargetError(f"rows for {self.target} may not hold the column(s) {reserved}: the partition "
                               "directories give them to readers (the layout)")
-        return self._write_table(path, _conform(first, tables), first.schema)
+        return self._write_table(path, tables, schema)
 
     def _write_table(self, path: str, tables: Iterable[pa.Table], schema: pa.Schema) -> int:
         import pyarrow.parquet as pq
@@ -246,23 +247,3 @@ class FileWriter:
                 fault_point("stage.mid_write")
         return rows
 
-
-def _as_tables(batches: Iterable[pa.RecordBatch | pa.Table]) -> Iterator[pa.Table]:
-    import pyarrow as pa
-    for b in batches:
-        yield b if isinstance(b, pa.Table) else pa.Table.from_batches([b])
-
-
-def _conform(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """The batches of one chunk with the first one's columns and types (a later
-    batch is reordered and cast; one with other columns is refused)."""
-    yield first
-    schema = first.schema
-    for table in rest:
-        if table.schema.equals(schema):
-            yield table
-            continue
-        if sorted(table.schema.names) != sorted(schema.names):
-            raise TargetError(f"a batch has the columns {table.schema.names}, the chunk's first batch "
-                              f"{schema.names}: one chunk's rows share one schema")
-        yield table.select(schema.names).cast(schema)

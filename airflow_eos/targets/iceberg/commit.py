@@ -25,6 +25,7 @@ from airflow_eos.core.commit import Published, Settlement
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.publication import SUPERSEDED_HOW
+from airflow_eos.core.staged_files import dead_letter_records
 from airflow_eos.targets.iceberg import table as tables
 from airflow_eos.targets.iceberg.staging import IcebergStaging, ManifestFile
 from airflow_eos.targets.iceberg.writer import DEAD_LETTERS, ROWS
@@ -56,27 +57,16 @@ class IcebergCommit(IcebergStaging):
         manifest = self.load_manifest(conn, attempt)
         dead = self._read_dead_letters(attempt, manifest)
         fault_point("commit.before_publish")
-        replaced = 0
-        if replacing is not None:
-            conn.execute("DELETE FROM eos.dead_letters WHERE pipeline = %s AND window_start = %s",
-                         (attempt.pipeline, attempt.window_start))
-            replaced = replacing.published_rows or 0
-        with conn.cursor() as cur, cur.copy(
-                'COPY eos.dead_letters (pipeline, window_start, epoch, topic, partition, "offset", error, key,'
-                " value) FROM STDIN") as copy:
-            for record in dead:
-                copy.write_row((attempt.pipeline, attempt.window_start, attempt.epoch, *record))
+        self.record_dead_letters(conn, attempt, dead, replacing is not None)
         self.record_decision(conn, attempt, self.table_name, None,
                              replacing.committed_epoch if replacing is not None else None)
+        replaced = (replacing.published_rows or 0) if replacing is not None else 0
         return Published(checkpoint.row_count, len(dead), replaced)
 
     def _read_dead_letters(self, attempt: Attempt, manifest: list[ManifestFile]) -> list[tuple]:
-        dead = []
-        for m in manifest:
-            if m.kind == "dead_letters":
-                table = self.store.read_table(f"{self.attempt_url(attempt)}/{m.path}", list(DEAD_LETTER_COLUMNS))
-                dead += [tuple(r[c] for c in DEAD_LETTER_COLUMNS) for r in table.to_pylist()]
-        return dead
+        return [record for m in manifest if m.kind == "dead_letters"
+                for record in dead_letter_records(
+                    self.store.read_table(f"{self.attempt_url(attempt)}/{m.path}", list(DEAD_LETTER_COLUMNS)))]
 
     def discard(self, attempt: Attempt, conn: psycopg.Connection | None = None) -> None:
         """Delete an aborted (never decided) attempt's folder: no snapshot names its files."""

@@ -12,15 +12,15 @@ upload ends anyway), so a listing never counts half a file.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import secrets
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
+
+from airflow_eos.core.staged_files import delete_while_written
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -146,21 +146,11 @@ class Store:
         except FileNotFoundError:
             pass
 
-    def delete_tree(self, url: str, attempts: int = 5) -> None:
-        """Delete ``url`` and everything in it. Retries while a writer still
-        adds files to it (a zombie attempt's task: directory not empty), as
-        the file target's sweep does; raises if it keeps failing."""
+    def delete_tree(self, url: str) -> None:
+        """Delete ``url`` and everything in it, again while a zombie task
+        still writes into it (core.staged_files.delete_while_written)."""
         fs, path = self._fs(url)
-        for i in range(attempts):
-            try:
-                fs.delete_dir(path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or i == attempts - 1:
-                    raise
-                time.sleep(0.05 * (i + 1))
+        delete_while_written(lambda: fs.delete_dir(path))
 
     def footer(self, url: str) -> tuple[int, pa.Schema]:
         """(rows, Arrow schema) of a Parquet file, from its footer only."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ from airflow_eos.core.columns import DEAD_LETTER_COLUMNS
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import dead_letters_as_rows
+from airflow_eos.core.staged_files import one_schema
 from airflow_eos.targets.iceberg.files import Store, chunk_id, names_digest
 
 if TYPE_CHECKING:
@@ -97,30 +98,11 @@ class IcebergWriter:
                            "(a fenced or zombie writer cannot stage any more)")
 
     def _write_rows(self, url: str, batches: Iterable[pa.RecordBatch | pa.Table]) -> int:
-        tables = (b for b in _as_tables(batches) if b.num_rows)
-        first = next(tables, None)
-        if first is None:
+        chunk = one_schema(batches)
+        if chunk is None:
             return 0
-        rows = self.store.write_parquet(url, _conform(first, tables), first.schema)
+        schema, tables = chunk
+        rows = self.store.write_parquet(url, tables, schema)
         fault_point("stage.mid_write")
         return rows
 
-
-def _as_tables(batches: Iterable[pa.RecordBatch | pa.Table]) -> Iterator[pa.Table]:
-    import pyarrow as pa
-    for b in batches:
-        yield b if isinstance(b, pa.Table) else pa.Table.from_batches([b])
-
-
-def _conform(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """The batches of one chunk with the first one's columns and types."""
-    yield first
-    schema = first.schema
-    for table in rest:
-        if table.schema.equals(schema):
-            yield table
-            continue
-        if sorted(table.schema.names) != sorted(schema.names):
-            raise TargetError(f"a batch has the columns {table.schema.names}, the chunk's first batch "
-                              f"{schema.names}: one chunk's rows share one schema")
-        yield table.select(schema.names).cast(schema)

@@ -29,7 +29,7 @@ from typing import Any
 
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.errors import TargetError
-from airflow_eos.core.kafka_client import client_logging
+from airflow_eos.core.kafka_client import CONSUMER_ONLY, client_logging
 from airflow_eos.core.windows import TopicPartition, Window, to_utc
 
 log = logging.getLogger(__name__)
@@ -141,23 +141,6 @@ def _client(kafka_config: Mapping[str, Any]) -> dict[str, Any]:
     and the test output unfiltered)."""
     settings = {k: v for k, v in dict(kafka_config).items() if k not in ("group.id", "transactional.id")}
     return {**client_logging(), **settings}
-
-
-# librdkafka's consumer-only properties (scope "C" in its CONFIGURATION.md; the
-# unit tests check each against the installed librdkafka). A target's Kafka
-# connection is often the source's, tuned for reading (fetch.wait.max.ms,
-# isolation.level, auto.offset.reset, ...): a producer or an admin client given
-# one logs a CONFWARN for it, in the log of every commit.
-CONSUMER_ONLY = frozenset({
-    "group.id", "group.instance.id", "group.protocol", "group.protocol.type", "group.remote.assignor",
-    "partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms", "coordinator.query.interval.ms",
-    "max.poll.interval.ms", "enable.auto.commit", "auto.commit.interval.ms", "auto.commit.enable",
-    "enable.auto.offset.store", "auto.offset.reset", "queued.min.messages", "queued.max.messages.kbytes",
-    "fetch.wait.max.ms", "fetch.queue.backoff.ms", "fetch.message.max.bytes", "max.partition.fetch.bytes",
-    "fetch.max.bytes", "fetch.min.bytes", "fetch.error.backoff.ms", "isolation.level", "enable.partition.eof",
-    "check.crcs", "consume.callback.max.messages", "offset.store.method", "offset.store.path",
-    "offset.store.sync.interval.ms", "share.acknowledgement.mode",
-})
 
 
 def _producer_client(kafka_config: Mapping[str, Any]) -> dict[str, Any]:

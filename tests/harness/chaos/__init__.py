@@ -61,6 +61,7 @@ from harness.chaos.pipeline import (
     POINT_STEPS,
     RECOVERIES,
     STEPS,
+    STORES,
     TARGET_POINTS,
     TARGETS,
     NotReady,
@@ -95,7 +96,7 @@ from harness.chaos.source import (
 from harness.chaos.targets import LEFTOVERS, READERS
 
 __all__ = [
-    "ACTIONS", "LEFTOVERS", "ON_COMMITTED", "POINT_STEPS", "READERS", "RECOVERIES", "STEPS", "T0", "TARGETS",
+    "ACTIONS", "LEFTOVERS", "ON_COMMITTED", "POINT_STEPS", "READERS", "RECOVERIES", "STEPS", "STORES", "T0", "TARGETS",
     "TARGET_DDL", "TARGET_POINTS", "HOUR",
     "Harness", "Pipeline", "RunOutcome", "Schedule", "SparkStager", "StepFailed", "Verdict", "Zombie",
     "NotReady", "attempt_states", "published_lineage", "kafka_records", "mirrored_offsets",

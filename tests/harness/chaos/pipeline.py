@@ -77,6 +77,10 @@ TARGET_POINTS: dict[str, frozenset[str]] = {
 ON_COMMITTED: dict[str, tuple[str, ...]] = {"postgres": ("skip", "replace"), "files": ("skip", "replace"),
                                            "kafka": ("skip",), "iceberg": ("skip", "replace")}
 assert set().union(*TARGET_POINTS.values()) == POINTS, "a fault point was added: say which targets reach it"
+# Where each target's data can live, where it can live in more than one
+# place: the file target's root is a local directory or a directory on HDFS
+# (one Files protocol, airflow_eos/targets/files/storage.py).
+STORES: dict[str, tuple[str, ...]] = {"files": ("local", "hdfs")}
 ACTIONS = ("raise", "crash")
 RECOVERIES = ("retry", "clear", "rerun_later", "backfill")
 
@@ -110,6 +114,9 @@ class Pipeline:
     target_kind: str = "postgres"  # one of TARGETS
     root: str | None = None  # the file target's root directory
     target_topic: str | None = None  # the Kafka target's topic (on the source's cluster)
+    # The plan's: a partition with no record at/after a window's end holds the window this long after the end
+    # (the suite's windows end long ago: a longer grace keeps one waiting, as a window that has just ended).
+    idle_partition_grace: timedelta = timedelta(minutes=5)
 
     @property
     def spec(self) -> TargetSpec:
@@ -152,7 +159,7 @@ class Pipeline:
 def plan_step(p: Pipeline, window: Window) -> dict:
     """EosPlanWindowOperator: steps.plan (the window is closed in these tests)."""
     with KafkaLog(dict(p.kafka_config)) as kafka_log:
-        plan = steps.plan(p.ledger, kafka_log, PlanRequest(window, p.topics, timedelta(minutes=5),
+        plan = steps.plan(p.ledger, kafka_log, PlanRequest(window, p.topics, p.idle_partition_grace,
                                                            target_id=p.claimed_target))
     if plan is None:
         raise NotReady(f"window {window} is not closed")

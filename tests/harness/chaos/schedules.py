@@ -15,7 +15,7 @@ from airflow_eos.core.errors import LedgerUnavailable
 from airflow_eos.targets.postgres.target import PARTITION_PER_WINDOW
 from harness.chaos.checks import Verdict, check
 from harness.chaos.driver import Harness, Zombie
-from harness.chaos.pipeline import ACTIONS, ON_COMMITTED, TARGET_POINTS, Pipeline
+from harness.chaos.pipeline import ACTIONS, ON_COMMITTED, STORES, TARGET_POINTS, Pipeline
 
 # --------------------------------------------------------------------------- randomized schedules
 
@@ -55,12 +55,16 @@ class Schedule:
     # schedule runs on a server of its own (the caller's), its database durable.
     pg_restart: str | None = None
     pg_restart_after: float = 0.0
+    # Where the target's data lives, for a target with several stores (STORES): the
+    # seed's turn, not a draw (a seed keeps every draw it had before stores existed).
+    store: str = "local"
 
     @classmethod
     def draw(cls, seed: int, *, max_windows: int = 5, target: str = "postgres") -> "Schedule":
         """The schedule of ``seed`` on ``target``: faults at the points the
         target's code reaches (for PostgreSQL the same draws as before the file
-        target's points existed)."""
+        target's points existed); on a target with several stores, seed after
+        seed takes them in turn (the file target: even seeds local, odd HDFS)."""
         rng = random.Random(seed)
         points = sorted(TARGET_POINTS[target])
         n = rng.randint(2, max_windows)
@@ -92,11 +96,14 @@ class Schedule:
             pg_restart=(rng.random() < PG_RESTART) and rng.choice(("fast", "immediate")) or None,
             pg_restart_after=round(rng.uniform(0.05, 1.5), 3),
             target=target,
+            store=stores[seed % len(stores)] if (stores := STORES.get(target)) else "local",
         )
 
     def __str__(self) -> str:
         faults = "; ".join(f"w{i}: {spec}" for i, spec in sorted(self.faults.items())) or "none"
         target = f"target mode={self.target_mode}" if self.target == "postgres" else f"target={self.target}"
+        if self.target in STORES:
+            target += f" on {self.store}"
         return (f"schedule seed={self.seed}: {self.windows} windows, {target}, source={self.source}, "
                 f"on_committed={self.on_committed}, "
                 f"retries={self.retries}, parallel={self.parallel}, mirror={self.mirror}, "
@@ -105,6 +112,33 @@ class Schedule:
                 f"sweep_during={self.sweep_during}; "
                 + (f"PostgreSQL restarted ({self.pg_restart}) at {self.pg_restart_after}s; " if self.pg_restart else "")
                 + f"faults: {faults}")
+
+
+class _Background(threading.Thread):
+    """A thread of a schedule (the sweeper, the restarter) whose failure fails
+    the schedule: pytest would only warn of an exception in a thread."""
+
+    def __init__(self, name: str, work: Callable[..., None], *args: object) -> None:
+        super().__init__(name=name, daemon=True)
+        self._work, self._args = work, args
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._work(*self._args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the schedule by finish()
+            self.error = exc
+
+    def join_within(self, seconds: float) -> None:
+        if self.is_alive():
+            self.join(seconds)
+
+    def finish(self) -> None:
+        """Raise what the thread died of, if it did, or if it never ended."""
+        if self.is_alive():
+            raise AssertionError(f"the {self.name} did not end within a minute of the first runs")
+        if self.error is not None:
+            raise AssertionError(f"the {self.name} died: {type(self.error).__name__}: {self.error}") from self.error
 
 
 def _sweep_until(h: Harness, stop: threading.Event, rng: random.Random) -> None:
@@ -134,8 +168,8 @@ def run_schedule(s: Schedule, p: Pipeline, state_root: Path, *,
     h = Harness(p, state_root, faults=dict(s.faults), retries=s.retries)
     h.note(str(s))
     stop = threading.Event()
-    sweeper = threading.Thread(target=_sweep_until, args=(h, stop, random.Random(s.seed * 31 + 7)), daemon=True)
-    restarter = threading.Thread(target=_restart_at, args=(h, s, restart_postgres, stop), daemon=True)
+    sweeper = _Background("sweeper", _sweep_until, h, stop, random.Random(s.seed * 31 + 7))
+    restarter = _Background("PostgreSQL restarter", _restart_at, h, s, restart_postgres, stop)
     try:
         if s.sweep_during:
             sweeper.start()
@@ -145,10 +179,11 @@ def run_schedule(s: Schedule, p: Pipeline, state_root: Path, *,
             first = h.run_many(s.order, parallel=s.parallel)
         finally:
             stop.set()
-            if sweeper.is_alive():
-                sweeper.join(60)
-            if restarter.is_alive():  # the server is back before the recoveries start
-                restarter.join(60)
+            sweeper.join_within(60)
+            restarter.join_within(60)  # the server is back before the recoveries start
+        for thread in (sweeper, restarter):
+            if thread.ident is not None:
+                thread.finish()
         committed = {o.window for o in first if o.state == "success"}
         zombies = []
         for i in s.zombies:

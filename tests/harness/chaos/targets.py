@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from airflow_eos.core.windows import to_utc
+from airflow_eos.core.windows import Window, to_utc
 from airflow_eos.targets.files.identity import ROOT_CLAIM
 from airflow_eos.targets.files.storage import files_for
 from airflow_eos.targets.files.writer import COMMIT_FILE, STAGING_DIR, TRASH_DIR
@@ -206,17 +206,19 @@ def _read_parquet_root(root: str):
     return pq.read_table(**parquet_source(root), partitioning="hive").to_pylist()
 
 
-def _file_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
-    """The file target read back as a reader does (PyArrow over the root), by
-    lineage, against the Kafka records of the committed windows' frozen
-    ranges: each well-formed record once, in its window's partition, with the
-    transform's values; each malformed one a dead letter of the ledger, once;
-    nothing else. Every partition directory is the window's committed attempt."""
-    problems: list[str] = []
-    expected: dict[tuple[str, int, int], tuple[str, int]] = {}  # lineage -> (window start, n)
+def _committed_epochs(p: Pipeline, conn: psycopg.Connection) -> dict[datetime, int]:
+    return dict(conn.execute("SELECT window_start, committed_epoch FROM eos.windows WHERE pipeline = %s"
+                             " AND state = 'committed'", (p.name,)).fetchall())
+
+
+def _committed_records(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int], committed: Mapping[datetime, int],
+                       expect: Callable[[Window, dict], tuple]) -> tuple[dict[tuple[str, int, int], tuple],
+                                                                       set[tuple[str, int, int]]]:
+    """The Kafka records of the committed windows' frozen ranges, by lineage:
+    ``expect(window, order)`` of each well-formed one (what a reader must find
+    for it), and the malformed ones (dead letters)."""
+    expected: dict[tuple[str, int, int], tuple] = {}
     malformed: set[tuple[str, int, int]] = set()
-    committed = dict(conn.execute("SELECT window_start, committed_epoch FROM eos.windows WHERE pipeline = %s"
-                                  " AND state = 'committed'", (p.name,)).fetchall())
     for i in windows:
         window = p.window(i)
         plan = p.ledger.load_plan(conn, window)
@@ -226,11 +228,23 @@ def _file_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequen
             for offset, value in kafka_records(p.kafka_config, r.topic, r.partition, r.start_offset,
                                                r.end_offset).items():
                 try:
-                    n = int(json.loads(value)["n"])
+                    expected[r.topic, r.partition, offset] = expect(window, json.loads(value))
                 except (ValueError, TypeError, KeyError):
                     malformed.add((r.topic, r.partition, offset))
-                    continue
-                expected[r.topic, r.partition, offset] = (window.start.isoformat(), n)
+    return expected, malformed
+
+
+def _file_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
+    """The file target read back as a reader does (PyArrow over the root), by
+    lineage, against the Kafka records of the committed windows' frozen
+    ranges: each well-formed record once, in its window's partition, with the
+    transform's values; each malformed one a dead letter of the ledger, once;
+    nothing else. Every partition directory is the window's committed attempt."""
+    problems: list[str] = []
+    # lineage -> (window start, n)
+    committed = _committed_epochs(p, conn)
+    expected, malformed = _committed_records(p, conn, windows, committed,
+                                             lambda window, order: (window.start.isoformat(), int(order["n"])))
     rows = _read_parquet_root(p.root or "")
     seen = Counter((r["eos_topic"], r["eos_partition"], r["eos_offset"]) for r in rows)
     duplicates = sorted(k for k, c in seen.items() if c > 1)
@@ -329,23 +343,8 @@ def _iceberg_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Seq
     from harness.iceberg import rows as table_rows
 
     problems: list[str] = []
-    expected: dict[tuple[str, int, int], tuple[int, Decimal]] = {}
-    malformed: set[tuple[str, int, int]] = set()
-    committed = dict(conn.execute("SELECT window_start, committed_epoch FROM eos.windows WHERE pipeline = %s"
-                                  " AND state = 'committed'", (p.name,)).fetchall())
-    for i in windows:
-        window = p.window(i)
-        plan = p.ledger.load_plan(conn, window)
-        if plan is None or window.start not in committed:
-            continue  # reported as not committed
-        for r in plan.ranges:
-            for offset, value in kafka_records(p.kafka_config, r.topic, r.partition, r.start_offset,
-                                               r.end_offset).items():
-                try:
-                    order = json.loads(value)
-                    expected[r.topic, r.partition, offset] = (int(order["n"]), Decimal(order["amount"]))
-                except (ValueError, TypeError, KeyError):
-                    malformed.add((r.topic, r.partition, offset))
+    expected, malformed = _committed_records(p, conn, windows, _committed_epochs(p, conn),
+                                             lambda window, order: (int(order["n"]), Decimal(order["amount"])))
     rows = [r for r in table_rows(p.url, p.table) if r["eos_topic"] in p.topics]
     seen = Counter((r["eos_topic"], r["eos_partition"], r["eos_offset"]) for r in rows)
     duplicates = sorted(k for k, c in seen.items() if c > 1)
