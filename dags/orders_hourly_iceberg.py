@@ -6,14 +6,16 @@ window's files under the table's location, where no snapshot names them; once
 the ledger (schema ``eos`` in ``postgres_default``) decided the commit, one
 append snapshot names exactly those files, its summary carrying the window
 and a commit token. The table lives in the SQL catalog the target keeps in the
-ledger's database; dead letters go to the ledger's ``eos.dead_letters``.
+ledger's database, or, when ``$EOS_ORDERS_ICEBERG_CATALOG`` names a catalog
+connection (a REST catalog: docs/connections.md), in that catalog; dead letters
+go to the ledger's ``eos.dead_letters``.
 
 The target never creates or evolves a table: ``create_table`` makes it, once,
 with the transform's columns (the schema is the contract, see
 docs/iceberg-target.md). Its location is under ``$EOS_ORDERS_ICEBERG_WAREHOUSE``
 (by default ``<temp dir>/airflow-eos/iceberg``), a directory the workers and
-the Spark executors see at the same path (or an object store the catalog's
-``s3.*`` properties reach).
+the Spark executors see at the same path, or an ``s3://bucket/prefix`` the
+catalog's ``s3.*`` properties reach.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from airflow_eos import IcebergTarget, KafkaSource, exactly_once_window
 TABLE = os.environ.get("EOS_ORDERS_ICEBERG_TABLE") or "analytics.orders"
 WAREHOUSE = os.environ.get("EOS_ORDERS_ICEBERG_WAREHOUSE") or os.path.join(tempfile.gettempdir(), "airflow-eos",
                                                                           "iceberg")
-TARGET = IcebergTarget(table=TABLE, postgres_conn_id="postgres_default")
+CATALOG = os.environ.get("EOS_ORDERS_ICEBERG_CATALOG") or None  # a catalog connection's id; None: the ledger's
+TARGET = IcebergTarget(table=TABLE, postgres_conn_id="postgres_default", catalog_conn_id=CATALOG)
 
 with DAG(
     dag_id="orders_hourly_iceberg",
@@ -53,8 +56,8 @@ with DAG(
         catalog.create_namespace_if_not_exists(namespace)
         schema = pa.schema([("order_id", pa.string()), ("customer", pa.string()), ("amount", pa.decimal128(12, 2)),
                             ("eos_topic", pa.string()), ("eos_partition", pa.int32()), ("eos_offset", pa.int64())])
-        table = catalog.create_table_if_not_exists(TABLE, schema,
-                                                   location=f"file://{WAREHOUSE}/{namespace}/{name}")
+        warehouse = WAREHOUSE if "://" in WAREHOUSE else f"file://{WAREHOUSE}"
+        table = catalog.create_table_if_not_exists(TABLE, schema, location=f"{warehouse}/{namespace}/{name}")
         return table.location()
 
     window = exactly_once_window(

@@ -4,8 +4,8 @@
 #   - Debian packages: PostgreSQL server binaries, a Java runtime for Spark,
 #     headless Chromium and its WebDriver (the Airflow UI in a browser, via Selenium)
 #   - uv, then the virtualenv .venv with this package and its dev extra
-#   - Apache Kafka's broker jars, Spark's Kafka connector jars and Hadoop's HDFS
-#     mini-cluster jars (Maven, cached outside the checkout)
+#   - Apache Kafka's broker jars, Spark's Kafka connector and S3A jars, Hadoop's HDFS
+#     mini-cluster jars and Iceberg's REST catalog server jars (Maven, cached outside the checkout)
 # Idempotent; a second run takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -111,6 +111,19 @@ if [ ! -f "$spark_kafka_home/.complete" ]; then
   touch "$spark_kafka_home/.complete"
 fi
 
+# Hadoop's S3A file system (Spark's s3a:// writes of an Iceberg table's files on S3) at the Hadoop release of
+# PySpark's client jars: hadoop-aws and the AWS SDK modules it uses, into the cache that
+# airflow_eos.spark.connector.s3a_home() names; every Spark this package starts puts them on its classpath.
+s3a_version=$(sed -n 's:.*<hadoop.version>\(.*\)</hadoop.version>.*:\1:p' scripts/spark-s3a/pom.xml)
+s3a_home=${EOS_SPARK_S3A_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/spark-s3a-$s3a_version}
+if [ ! -f "$s3a_home/.complete" ]; then
+  log "fetching Hadoop $s3a_version's S3A jars with Maven into $s3a_home"
+  rm -rf "$s3a_home/lib"
+  mvn -q -B -f scripts/spark-s3a/pom.xml dependency:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$s3a_home/lib"
+  touch "$s3a_home/.complete"
+fi
+
 # Hadoop's HDFS mini-cluster (the file target's HDFS tests): its jars from Maven Central, once, into the
 # cache that airflow_eos.embedded.hdfs_home() names, at the Hadoop release of PySpark's client jars.
 hadoop_version=$(sed -n 's:.*<hadoop.version>\(.*\)</hadoop.version>.*:\1:p' scripts/hdfs/pom.xml)
@@ -133,4 +146,16 @@ if [ ! -f "$registry_home/.complete" ]; then
   rm -rf "$registry_home/build"
   mvn -q -B -f scripts/schema-registry/pom.xml package -DskipTests -Dregistry.build.dir="$registry_home/build"
   touch "$registry_home/.complete"
+fi
+
+# Apache Iceberg's REST catalog test server (the Iceberg target's tests on a REST catalog): its jars from Maven
+# Central, once, into the cache that airflow_eos.embedded.iceberg_rest_home() names.
+iceberg_version=$(sed -n 's:.*<iceberg.version>\(.*\)</iceberg.version>.*:\1:p' scripts/iceberg-rest/pom.xml)
+iceberg_rest_home=${EOS_ICEBERG_REST_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/iceberg-rest-$iceberg_version}
+if [ ! -f "$iceberg_rest_home/.complete" ]; then
+  log "fetching Apache Iceberg $iceberg_version's REST catalog server jars with Maven into $iceberg_rest_home"
+  rm -rf "$iceberg_rest_home/lib"
+  mvn -q -B -f scripts/iceberg-rest/pom.xml dependency:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$iceberg_rest_home/lib"
+  touch "$iceberg_rest_home/.complete"
 fi

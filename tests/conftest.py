@@ -40,7 +40,7 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 import pytest  # noqa: E402
 
-from airflow_eos.embedded import hdfs_service, schema_registry_service  # noqa: E402
+from airflow_eos.embedded import hdfs_service, iceberg_rest_service, schema_registry_service  # noqa: E402
 from harness import services, workers  # noqa: E402
 from harness.databases import empty_database  # noqa: E402
 from harness.topics import TopicFactory  # noqa: E402
@@ -169,6 +169,30 @@ def schema_registry():
     own; started by the first test that asks for it, so a worker without Avro tests starts none."""
     with schema_registry_service() as handle:
         yield handle
+
+
+# --------------------------------------------------------------------------- an Iceberg REST catalog
+
+
+@pytest.fixture(scope="session")
+def iceberg_rest():
+    """Iceberg's REST catalog test server (a JdbcCatalog on SQLite) of the session's own; started by the
+    first test that asks for it. Its tables outlive a test: each test names its own."""
+    with iceberg_rest_service() as handle:
+        yield handle
+
+
+# --------------------------------------------------------------------------- an object store
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """An S3 endpoint of the session's own (moto's server, in memory: tests/harness/object_store.py)."""
+    from harness.object_store import start_s3
+
+    server, endpoint = start_s3()
+    yield endpoint
+    server.stop()
 
 
 # --------------------------------------------------------------------------- Airflow

@@ -1,5 +1,5 @@
 """Java libraries the package runs (Apache Kafka, Hadoop's mini-cluster, Spark's
-Kafka connector): fetched once by ``make setup`` (scripts/bootstrap.sh runs
+Kafka connector and S3A, Iceberg's REST catalog server): fetched once by ``make setup`` (scripts/bootstrap.sh runs
 Maven on a small pom per library) into a cache outside the checkout, found
 there by every process; nothing is downloaded at run time. A directory given
 by the library's environment variable (a Docker image's) comes first."""

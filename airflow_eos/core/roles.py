@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -52,6 +52,10 @@ class SparkOutput:
     data: str  # a directory URL: the rows, as Parquet (df.write.mode("append").parquet)
     dead_letters: str  # a directory URL: the dead letters, as Parquet with DEAD_LETTER_SCHEMA
     reserved: tuple[str, ...] = ()  # columns the target gives readers itself: dropped from the rows
+    # Hadoop settings of the writes (an object store's endpoint and credentials, from the target's connection):
+    # the writer's options, which Spark puts into the write job's Hadoop configuration and redacts from plans
+    # (spark.redaction.regex: secret, password, token, access key)
+    hadoop: Mapping[str, str] = field(default_factory=dict, hash=False, repr=False)
 
 
 @dataclass(frozen=True)

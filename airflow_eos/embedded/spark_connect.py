@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from airflow_eos.embedded.processes import free_port, stop_process, wait_for_port
-from airflow_eos.spark.connector import kafka_connector_jars
+from airflow_eos.spark.connector import connector_jars
 
 log = logging.getLogger("airflow_eos.embedded")
 
@@ -43,10 +43,10 @@ class SparkConnectServer:
             "spark.python.daemon.module": "airflow_eos.spark.daemon",
             **(conf or {}),
         }
-        # Spark's Kafka connector, beside any jars of ``conf``: on the driver's and the executors'
+        # Spark's Kafka connector (and S3A), beside any jars of ``conf``: on the driver's and the executors'
         # classpath from the start
         self.conf["spark.jars"] = ",".join([*filter(None, self.conf.get("spark.jars", "").split(",")),
-                                            *kafka_connector_jars()])
+                                            *connector_jars()])
         self.spark_submit = Path(sys.executable).with_name("spark-submit")
         self.python = sys.executable
         self.env = env or {}  # for the driver and its Python workers (e.g. EOS_FAULTS in tests)

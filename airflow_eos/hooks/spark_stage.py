@@ -25,7 +25,7 @@ from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.target import DEFAULT_CONN_IDS, SPARK, TargetSpec
 from airflow_eos.core.windows import WindowPlan
-from airflow_eos.spark.connector import kafka_connector_jars
+from airflow_eos.spark.connector import connector_jars
 from airflow_eos.spark.submit import (
     DEFAULT_READER,
     StageJobOutput,
@@ -165,10 +165,10 @@ class EosSparkStageHook(BaseHook):
 
     def _submit_args(self) -> dict[str, Any]:
         """The SparkSubmitHook arguments: ``spark_submit_args`` with Spark's Kafka
-        connector added to its ``jars`` (spark-submit ships them to a cluster's
+        connector (and S3A) added to its ``jars`` (spark-submit ships them to a cluster's
         executors too)."""
         args = dict(self.spark_submit_args)
-        args["jars"] = ",".join([*filter(None, str(args.get("jars") or "").split(",")), *kafka_connector_jars()])
+        args["jars"] = ",".join([*filter(None, str(args.get("jars") or "").split(",")), *connector_jars()])
         return args
 
     def _on_spark_connect(self, plan: WindowPlan, attempt: Attempt, sink: Sink, kafka_config: Mapping[str, Any],

@@ -25,7 +25,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from airflow_eos.spark.connector import kafka_connector_jars
+from airflow_eos.spark.connector import connector_jars
 from airflow_eos.spark.kafka_source import register
 
 log = logging.getLogger(__name__)
@@ -99,11 +99,11 @@ def spark_session(
     else:
         os.environ["PYSPARK_PYTHON"] = sys.executable
         builder = builder.appName(app_name).master(master or DEFAULT_LOCAL_MASTER)
-        # Spark's Kafka connector, from the cache `make setup` filled, beside any jars of ``conf``
+        # Spark's Kafka connector (and S3A), from the cache `make setup` filled, beside any jars of ``conf``
         # (spark-submit's --jars does this for a submitted job; a Connect server has them from its start)
         settings = {**_LOCAL_CONF, **(conf or {})}
         settings["spark.jars"] = ",".join([*filter(None, str(settings.get("spark.jars", "")).split(",")),
-                                           *kafka_connector_jars()])
+                                           *connector_jars()])
         for key, value in settings.items():
             builder = builder.config(key, str(value))
     spark = builder.getOrCreate()

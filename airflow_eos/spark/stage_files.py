@@ -144,7 +144,7 @@ def _write_rows(rows: "DataFrame", layout: Layout, attempt: Attempt, target: Sin
     from pyspark.sql import functions as F
 
     if layout.error is None:
-        rows.select(*[_column(c) for c in layout.staged]).write.mode("append").parquet(output.data)
+        _append(rows.select(*[_column(c) for c in layout.staged]), output.data, output)
         return None, 0
     if _written_without_dead_letters(rows, layout, output):
         return None, 0
@@ -154,8 +154,8 @@ def _write_rows(rows: "DataFrame", layout: Layout, attempt: Attempt, target: Sin
     persisted = rows.persist()  # read Kafka and transform once, for the count and both writes
     try:
         dead_count = _count_dead_letters(persisted, layout, attempt, max_bad_records)
-        persisted.filter(F.col(layout.error).isNull()).select(*[_column(c) for c in layout.staged]) \
-            .write.mode("append").parquet(output.data)
+        _append(persisted.filter(F.col(layout.error).isNull()).select(*[_column(c) for c in layout.staged]),
+                output.data, output)
     except BaseException:
         persisted.unpersist()
         raise
@@ -169,8 +169,8 @@ def _written_without_dead_letters(rows: "DataFrame", layout: Layout, output: Spa
 
     observation = _observation(rows, "eos_dead_letters")
     marked = F.count(F.when(F.col(layout.error).isNotNull(), 1)).alias("dead")
-    rows.observe(observation, marked).filter(F.col(layout.error).isNull()) \
-        .select(*[_column(c) for c in layout.staged]).write.mode("append").parquet(output.data)
+    _append(rows.observe(observation, marked).filter(F.col(layout.error).isNull())
+            .select(*[_column(c) for c in layout.staged]), output.data, output)
     return observation.get["dead"] == 0
 
 
@@ -320,5 +320,9 @@ def _write_dead_letters(spark: "SparkSession", rows: "DataFrame", layout: Layout
             by_partition.setdefault((t, p), []).append(o)
         raw = {(t, p): read_records(kafka_config, t, p, offsets) for (t, p), offsets in by_partition.items()}
         dead = spark.createDataFrame([(t, p, o, e, *raw[(t, p)][o]) for t, p, o, e in letters], schema)
-    dead.select(*[_column(name) for name, _ in DEAD_LETTER_SCHEMA]).coalesce(1).write.mode("append").parquet(
-        output.dead_letters)
+    _append(dead.select(*[_column(name) for name, _ in DEAD_LETTER_SCHEMA]).coalesce(1), output.dead_letters, output)
+
+
+def _append(rows: "DataFrame", url: str, output: SparkOutput) -> None:
+    """Spark's own Parquet writer appends ``rows`` under ``url``, with the output's Hadoop settings."""
+    rows.write.mode("append").options(**output.hadoop).parquet(url)

@@ -1,6 +1,7 @@
 """Iceberg tables for the tests: made in the SQL catalog the Iceberg target
-keeps in the ledger's database (the ledger migrated first), and read back as
-a reader reads them (pyiceberg's scan of the current snapshot)."""
+keeps in the ledger's database (the ledger migrated first) or, given its
+catalog properties, in another catalog (the session's REST catalog), and read
+back as a reader reads them (pyiceberg's scan of the current snapshot)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,26 @@ ORDERS = pa.schema([("id", pa.int64()), ("note", pa.string()), ("eos_topic", pa.
                     ("eos_partition", pa.int32()), ("eos_offset", pa.int64())])
 
 
-def catalog(pg_url: str):
+def rest_catalog_properties(uri: str) -> dict:
+    """pyiceberg's properties of the REST catalog at ``uri`` (no credential: the test server takes none)."""
+    return {"type": "rest", "uri": uri}
+
+
+def catalog(pg_url: str, properties: dict | None = None):
+    """The catalog of ``properties``; None: the SQL catalog in the ledger's database."""
     from airflow_eos.targets.iceberg.table import ledger_catalog_properties, load_catalog
-    return load_catalog("airflow_eos", ledger_catalog_properties(pg_url))
+    return load_catalog("airflow_eos", properties or ledger_catalog_properties(pg_url))
 
 
-def create_table(pg_url: str, name: str, warehouse: Path, schema: pa.Schema = ORDERS):
+def create_table(pg_url: str, name: str, warehouse: Path | str, schema: pa.Schema = ORDERS,
+                 properties: dict | None = None):
     """The table ``name`` (namespace.table) with ``schema``, located under
-    ``warehouse``; the table if it exists already."""
+    ``warehouse`` (a directory, or a URL such as ``s3://bucket/prefix``), in
+    the catalog of ``properties`` (None: the ledger's); the table if it exists
+    already."""
     from airflow_eos.core.ledger import Ledger
     Ledger(pg_url).migrate()
-    cat = catalog(pg_url)
+    cat = catalog(pg_url, properties)
     namespace, _, table = name.rpartition(".")
     try:
         cat.create_namespace_if_not_exists(namespace)
@@ -32,9 +42,10 @@ def create_table(pg_url: str, name: str, warehouse: Path, schema: pa.Schema = OR
         pass  # made by a concurrent case between pyiceberg's check and its insert (chaos cells run in threads)
     if cat.table_exists(name):
         return cat.load_table(name)
-    return cat.create_table(name, schema, location=f"file://{warehouse}/{namespace}/{table}")
+    root = warehouse if "://" in str(warehouse) else f"file://{warehouse}"
+    return cat.create_table(name, schema, location=f"{root}/{namespace}/{table}")
 
 
-def rows(pg_url: str, name: str) -> list[dict]:
+def rows(pg_url: str, name: str, properties: dict | None = None) -> list[dict]:
     """The table's rows at its current snapshot, as pyiceberg reads them."""
-    return catalog(pg_url).load_table(name).scan().to_arrow().to_pylist()
+    return catalog(pg_url, properties).load_table(name).scan().to_arrow().to_pylist()

@@ -6,7 +6,8 @@ Spark's and Flink's connector test bases do for each connector that supplies
 its environment. A new target registers its kind and adds its entry to
 :data:`CONTRACT_TARGETS` below (the suite fails for a registered kind
 without one); a kind that lives on more than one kind of store has an entry
-per store (the file target: a local directory, HDFS)."""
+per store (the file target: a local directory, HDFS; the Iceberg target: the
+ledger's SQL catalog, a REST catalog, an object store)."""
 
 from __future__ import annotations
 
@@ -144,11 +145,44 @@ class IcebergContract(ContractTarget):
         return IcebergTarget(table="contract.orders", ledger_url=services.pg_url, on_committed=on_committed)
 
 
+class IcebergOnRestContract(IcebergContract):
+    """The Iceberg target with its table in a REST catalog (the session's
+    Iceberg REST catalog server): the catalog outlives the test, so each
+    test's table has a namespace of its own."""
+
+    def spec(self, services: Services, on_committed: str = "skip") -> TargetSpec:
+        from harness.iceberg import create_table, rest_catalog_properties
+        from airflow_eos.targets.iceberg import IcebergTarget
+        properties = rest_catalog_properties(services.fixture("iceberg_rest").address)
+        table = f"contract_{uuid.uuid4().hex[:12]}.orders"
+        create_table(services.pg_url, table, services.tmp_path / "warehouse", properties=properties)
+        return IcebergTarget(table=table, ledger_url=services.pg_url, catalog_conn_id="iceberg_rest",
+                             catalog_properties=properties, on_committed=on_committed)
+
+
+class IcebergOnS3Contract(IcebergContract):
+    """The Iceberg target with its table's files on an object store (the
+    session's S3 endpoint, tests/harness/object_store.py), its catalog the
+    SQL catalog in the ledger's database given the store's ``s3.*``
+    properties: no directory, no rename."""
+
+    def spec(self, services: Services, on_committed: str = "skip") -> TargetSpec:
+        from harness.iceberg import create_table
+        from airflow_eos.targets.iceberg import IcebergTarget
+        from airflow_eos.targets.iceberg.table import ledger_catalog_properties
+        s3 = services.fixture("s3")
+        properties = {**ledger_catalog_properties(services.pg_url), **s3.io_properties()}
+        warehouse = f"{s3.create_bucket('lake')}/{uuid.uuid4().hex}"
+        create_table(services.pg_url, "contract.orders", warehouse, properties=properties)
+        return IcebergTarget(table="contract.orders", ledger_url=services.pg_url, catalog_conn_id="iceberg_s3",
+                             catalog_properties=properties, on_committed=on_committed)
+
 
 # by test id: the kind, or the kind and its store
 CONTRACT_TARGETS: dict[str, ContractTarget] = {"postgres": PostgresContract(), "files": FilesContract(),
                                                "files-hdfs": FilesOnHdfsContract(), "kafka": KafkaContract(),
-                                               "iceberg": IcebergContract()}
+                                               "iceberg": IcebergContract(), "iceberg-rest": IcebergOnRestContract(),
+                                               "iceberg-s3": IcebergOnS3Contract()}
 
 
 def contract_ids(kinds: list[str]) -> list[str]:

@@ -4,7 +4,12 @@ contract suite covers a window's life for it already): a foreign writer
 committing between our load of the table and our commit, two commits of one
 window at once, a commit whose snapshot landed and whose history then expired,
 a zombie attempt's files, a replace under a reader pinned to a snapshot, and
-the schema rule. Each case ends with what readers see checked by lineage."""
+the schema rule. Each case ends with what readers see checked by lineage.
+The cases of a window's life run on both catalogs the target takes, the SQL
+catalog in the ledger's database and a REST catalog (Iceberg's own REST
+catalog server, whose commits are its compare-and-swap, not ours), and with
+the table's files on an object store (an S3 endpoint: no directory, no
+rename)."""
 
 from __future__ import annotations
 
@@ -20,7 +25,6 @@ from harness.iceberg import catalog, create_table
 from harness.sink_contract import CONTRACT_TARGETS, PARTITIONS, Services
 from test_sink_contract import PER_WINDOW, PIPELINE, Contract, lineage
 
-TABLE = "contract.orders"
 
 
 @pytest.fixture
@@ -28,31 +32,36 @@ def services(pg_url, ledger, tmp_path, request):
     return Services(pg_url, tmp_path, request.getfixturevalue)
 
 
-@pytest.fixture
-def iceberg(services, freeze_windows):
-    return Contract(CONTRACT_TARGETS["iceberg"], services, freeze_windows)
+# the contract suite's entries: the SQL catalog in the ledger, a REST catalog, the table's files on S3
+CATALOGS = ["iceberg", "iceberg-rest", "iceberg-s3"]
 
 
-@pytest.fixture
-def replacing(services, freeze_windows):
-    return Contract(CONTRACT_TARGETS["iceberg"], services, freeze_windows, on_committed="replace")
+@pytest.fixture(params=CATALOGS)
+def iceberg(services, freeze_windows, request):
+    return Contract(CONTRACT_TARGETS[request.param], services, freeze_windows)
 
 
-def load(pg_url):
-    return catalog(pg_url).load_table(TABLE)
+@pytest.fixture(params=CATALOGS)
+def replacing(services, freeze_windows, request):
+    return Contract(CONTRACT_TARGETS[request.param], services, freeze_windows, on_committed="replace")
 
 
-def foreign_append(pg_url, n=3):
+def load(contract):
+    """The contract's table, loaded anew from its catalog."""
+    return catalog(contract.services.pg_url, contract.spec.catalog_properties).load_table(contract.spec.table)
+
+
+def foreign_append(contract, n=3):
     """Another writer's rows (no lineage: other data of the table)."""
-    load(pg_url).append(pa.table({"id": pa.array(range(n), pa.int64()), "note": pa.array(["foreign"] * n),
+    load(contract).append(pa.table({"id": pa.array(range(n), pa.int64()), "note": pa.array(["foreign"] * n),
                                   "eos_topic": pa.array([None] * n, pa.string()),
                                   "eos_partition": pa.array([None] * n, pa.int32()),
                                   "eos_offset": pa.array([None] * n, pa.int64())}))
 
 
-def ours(pg_url) -> list:
+def ours(contract) -> list:
     """Our snapshots: (operation, epoch) in the table's history."""
-    return [(s.summary.operation.value, s.summary[tables.EPOCH]) for s in load(pg_url).metadata.snapshots
+    return [(s.summary.operation.value, s.summary[tables.EPOCH]) for s in load(contract).metadata.snapshots
             if s.summary[tables.TOKEN]]
 
 
@@ -65,7 +74,7 @@ def test_a_foreign_commit_between_our_load_and_our_commit_is_retried_on_the_tabl
     def load_then_a_foreign_writer_commits(table):
         loaded.append(table.metadata.current_snapshot_id)
         if len(loaded) == 1:
-            foreign_append(services.pg_url)  # the catalog moves on under the table we hold
+            foreign_append(iceberg)  # the catalog moves on under the table we hold
         return tables_without_retries(table)
 
     tables_without_retries = tables.without_commit_retries
@@ -73,9 +82,9 @@ def test_a_foreign_commit_between_our_load_and_our_commit_is_retried_on_the_tabl
     assert iceberg.sink.commit(attempt).outcome == PUBLISHED
     assert len(loaded) == 2 and loaded[0] is None and loaded[1] is not None  # lost once, then loaded again
     assert iceberg.seen() == lineage(plan)
-    rows = load(services.pg_url).scan().to_arrow().to_pylist()
+    rows = load(iceberg).scan().to_arrow().to_pylist()
     assert sorted(r["note"] for r in rows if r["eos_topic"] is None) == ["foreign"] * 3  # theirs kept
-    assert ours(services.pg_url) == [("append", "1")]
+    assert ours(iceberg) == [("append", "1")]
     with iceberg.sink.ledger.connect() as conn:
         assert list(iceberg.sink.unattributed(conn, PIPELINE, [iceberg.source])) == []  # not our records
 
@@ -87,7 +96,7 @@ def test_two_commits_of_one_window_at_once_publish_it_once(iceberg, services):
     assert [e for _, e in outcomes] == [None, None]
     assert sorted(r.outcome.value for r, _ in outcomes) == ["already_committed", "published"]
     assert iceberg.seen() == lineage(plan)
-    assert ours(services.pg_url) == [("append", "1")]
+    assert ours(iceberg) == [("append", "1")]
 
 
 def test_a_snapshot_that_landed_before_the_ledger_knew_is_found_after_its_history_expired(iceberg, services):
@@ -99,14 +108,14 @@ def test_a_snapshot_that_landed_before_the_ledger_knew_is_found_after_its_histor
     attempt = iceberg.stage(plan)
     with injected("commit.after_publish=raise"), pytest.raises(FaultInjected):
         iceberg.sink.commit(attempt)
-    [(ours_id)] = [s.snapshot_id for s in load(services.pg_url).metadata.snapshots]
-    foreign_append(services.pg_url)
-    foreign_append(services.pg_url)
-    load(services.pg_url).maintenance.expire_snapshots().by_id(ours_id).commit()
-    assert ours(services.pg_url) == []  # its token is gone from the history
+    [(ours_id)] = [s.snapshot_id for s in load(iceberg).metadata.snapshots]
+    foreign_append(iceberg)
+    foreign_append(iceberg)
+    load(iceberg).maintenance.expire_snapshots().by_id(ours_id).commit()
+    assert ours(iceberg) == []  # its token is gone from the history
     assert iceberg.sink.commit(attempt).outcome == ALREADY_COMMITTED
     assert iceberg.seen() == lineage(plan)  # once
-    assert len(load(services.pg_url).metadata.snapshots) == 2  # nothing appended again
+    assert len(load(iceberg).metadata.snapshots) == 2  # nothing appended again
     with iceberg.sink.ledger.connect() as conn:
         assert conn.execute("SELECT state FROM eos.publications").fetchall() == [("published",)]
 
@@ -121,7 +130,7 @@ def test_a_zombie_attempts_files_are_deleted_and_never_a_committed_one(iceberg, 
     writer.write([iceberg.target.batch(iceberg.source, 0, [0, 1], 9)])  # the zombie still writes
     assert iceberg.sink.sweep(timedelta(0))[0] == zombie
     assert not iceberg.sink.store.is_dir(iceberg.sink.attempt_url(zombie))  # deleted
-    committed = [t.file.file_path for t in load(services.pg_url).scan().plan_files()]
+    committed = [t.file.file_path for t in load(iceberg).scan().plan_files()]
     assert all(iceberg.sink.store.size(p) for p in committed)  # every file a snapshot names is there
     assert iceberg.seen() == lineage(plan)
 
@@ -130,18 +139,18 @@ def test_a_reader_at_any_snapshot_sees_the_old_window_or_the_new_never_neither_o
     [plan] = replacing.plans([0])
     first = replacing.stage(plan, version=1)
     assert replacing.sink.commit(first).outcome == PUBLISHED
-    pinned = load(services.pg_url).metadata.current_snapshot_id
+    pinned = load(replacing).metadata.current_snapshot_id
     second = replacing.stage(plan, version=2)
     result = replacing.sink.commit(second)
     assert result.outcome == REPLACED and result.replaced_rows == PARTITIONS * PER_WINDOW
-    table = load(services.pg_url)
+    table = load(replacing)
     for snapshot in table.metadata.snapshots:
         notes = {r["note"].split()[0] for r in table.scan(snapshot_id=snapshot.snapshot_id).to_arrow().to_pylist()}
         rows = table.scan(snapshot_id=snapshot.snapshot_id).to_arrow().num_rows
         assert rows == PARTITIONS * PER_WINDOW and len(notes) == 1, (snapshot, notes)
     assert {r["note"].split()[0] for r in table.scan(snapshot_id=pinned).to_arrow().to_pylist()} == {"v1"}
     assert {r["note"].split()[0] for r in table.scan().to_arrow().to_pylist()} == {"v2"}
-    assert ours(services.pg_url) == [("append", "1"), ("overwrite", "2")]
+    assert ours(replacing) == [("append", "1"), ("overwrite", "2")]
     assert replacing.seen() == lineage(plan)
 
 
@@ -161,7 +170,7 @@ def test_output_the_table_cannot_take_fails_the_job_commit_and_nothing_is_publis
         iceberg.sink.checkpoint(attempt, [ConsumedRange(r.topic, r.partition, r.start_offset, r.end_offset, r.width)
                                           for r in plan.ranges], chunks)
     assert said in str(raised.value) and "evolve the table's schema yourself" in str(raised.value)
-    assert load(services.pg_url).metadata.snapshots == [] and iceberg.seen() == []
+    assert load(iceberg).metadata.snapshots == [] and iceberg.seen() == []
 
 
 def test_a_table_without_the_lineage_columns_is_refused_before_any_attempt(services, freeze_windows, pg_url):

@@ -176,6 +176,26 @@ def test_the_schema_registry_built_is_the_one_the_tests_start():
     assert f"<apicurio.version>{SCHEMA_REGISTRY_VERSION}</apicurio.version>" in pom
 
 
+def test_the_rest_catalog_of_the_tests_is_the_iceberg_release_its_pom_names():
+    """The REST catalog server's jars (Maven) are the Iceberg release the embedded service names, so that
+    iceberg_rest_home() finds what scripts/bootstrap.sh fetched."""
+    from airflow_eos.embedded import ICEBERG_VERSION
+
+    pom = (ROOT / "scripts" / "iceberg-rest" / "pom.xml").read_text()
+    assert f"<iceberg.version>{ICEBERG_VERSION}</iceberg.version>" in pom
+
+
+def test_the_s3a_jars_are_the_hadoop_release_of_sparks_client():
+    """hadoop-aws (Spark's s3a:// writes of an Iceberg table's files on S3) is the release of the Hadoop
+    client PySpark ships, and make setup fetched it."""
+    from airflow_eos.embedded import HADOOP_VERSION
+    from airflow_eos.spark.connector import S3A_HADOOP_VERSION, s3a_jars
+
+    pom = (ROOT / "scripts" / "spark-s3a" / "pom.xml").read_text()
+    assert S3A_HADOOP_VERSION == HADOOP_VERSION and f"<hadoop.version>{HADOOP_VERSION}</hadoop.version>" in pom
+    assert any(Path(j).name == f"hadoop-aws-{HADOOP_VERSION}.jar" for j in s3a_jars())
+
+
 def test_a_kafka_cluster_id_never_starts_with_a_dash():
     """The StorageTool reads an id starting with "-" as an option: one broker start in 64 failed so in a soak."""
     from airflow_eos.embedded import cluster_id

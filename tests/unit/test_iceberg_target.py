@@ -60,6 +60,31 @@ def test_the_sql_catalog_lives_in_the_ledgers_database_in_its_own_schema():
     assert "sslmode=require" in props["uri"] and "search_path%3Deos_iceberg" in props["uri"]
 
 
+def test_a_sql_connection_without_a_uri_lends_its_properties_to_the_ledgers_sql_catalog():
+    props = catalog_properties_of({"extra": {"type": "sql", "s3.endpoint": "http://minio:9000"}})
+    assert props == {"type": "sql", "s3.endpoint": "http://minio:9000"}
+    sink = IcebergTarget(table="a.b", ledger_url="host=db user=eos dbname=ledger", catalog_conn_id="s3",
+                         catalog_properties=props).sink()
+    assert sink.catalog_properties == {**ledger_catalog_properties("host=db user=eos dbname=ledger"), **props}
+    rest = {"type": "rest", "uri": "http://cat"}
+    assert IcebergTarget(table="a.b", ledger_url="host=db", catalog_conn_id="r",
+                         catalog_properties=rest).sink().catalog_properties == rest
+
+
+def test_spark_reaches_the_catalogs_s3_store_with_the_same_settings():
+    from airflow_eos.targets.iceberg.files import s3a_settings
+
+    io = {"s3.endpoint": "http://minio:9000", "s3.region": "eu-west-1", "s3.access-key-id": "AK",
+          "s3.secret-access-key": "SK"}
+    assert s3a_settings(io) == {"fs.s3a.endpoint": "http://minio:9000", "fs.s3a.endpoint.region": "eu-west-1",
+                                "fs.s3a.access.key": "AK", "fs.s3a.secret.key": "SK",
+                                "fs.s3a.path.style.access": "true"}
+    assert s3a_settings({**io, "s3.force-virtual-addressing": "true"})["fs.s3a.path.style.access"] == "false"
+    temporary = s3a_settings({"s3.session-token": "T"})
+    assert temporary["fs.s3a.session.token"] == "T" and "Temporary" in temporary["fs.s3a.aws.credentials.provider"]
+    assert s3a_settings({}) == {}
+
+
 def test_a_dag_names_connections_never_values():
     with pytest.raises(ConfigurationError, match="catalog_conn_id"):
         IcebergTarget(table="a.b", catalog_properties={"credential": "x:y"}).check_for_dag()

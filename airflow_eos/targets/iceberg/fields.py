@@ -26,14 +26,18 @@ class IcebergSinkFields:
     table_name: str  # namespace.table
     ledger_url: str
     catalog_name: str
-    catalog_json: str  # the catalog's pyiceberg properties, JSON ("{}": the SQL catalog in the ledger)
+    # the catalog's pyiceberg properties, JSON ("{}": the SQL catalog in the ledger; type "sql" without a "uri":
+    # the SQL catalog in the ledger with these properties, e.g. an object store's s3.*)
+    catalog_json: str
     catalog_label: str  # the catalog as target ids name it (its connection id, or "ledger")
     on_committed: str  # "skip" or "replace"
 
     @property
     def catalog_properties(self) -> dict[str, str]:
         given = json.loads(self.catalog_json)
-        return given or tables.ledger_catalog_properties(self.ledger_url)
+        if not given or (given.get("type") == "sql" and "uri" not in given):
+            return {**tables.ledger_catalog_properties(self.ledger_url), **given}
+        return given
 
     def catalog(self) -> Catalog:
         return tables.load_catalog(self.catalog_name, self.catalog_properties)

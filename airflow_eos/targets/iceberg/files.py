@@ -34,6 +34,26 @@ def io_properties(catalog: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in catalog.items() if k.startswith(IO_PREFIXES)}
 
 
+# pyiceberg's S3 file IO properties as Hadoop's S3A settings: what Spark's own writer needs to reach the
+# same store with the same credentials (from the catalog's connection, never from a DAG).
+_S3A = {"s3.endpoint": "fs.s3a.endpoint", "s3.access-key-id": "fs.s3a.access.key",
+        "s3.secret-access-key": "fs.s3a.secret.key", "s3.session-token": "fs.s3a.session.token",
+        "s3.region": "fs.s3a.endpoint.region"}
+
+
+def s3a_settings(io: Mapping[str, str]) -> dict[str, str]:
+    """The S3A settings of ``io`` (pyiceberg properties). An endpoint of its
+    own (MinIO, Ceph, a test server) is reached by path-style requests, as
+    pyarrow's S3 file system does, unless ``s3.force-virtual-addressing``."""
+    settings = {hadoop: io[key] for key, hadoop in _S3A.items() if key in io}
+    if "s3.endpoint" in io:
+        virtual = str(io.get("s3.force-virtual-addressing", "false")).lower() == "true"
+        settings["fs.s3a.path.style.access"] = "false" if virtual else "true"
+    if "s3.session-token" in io:
+        settings["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+    return settings
+
+
 def visible(name: str) -> bool:
     return not name.startswith(("_", "."))
 
@@ -73,6 +93,9 @@ class Store:
         from pyiceberg.io.pyarrow import PyArrowFileIO
         return PyArrowFileIO(json.loads(self.properties_json))
 
+    def s3a_settings(self) -> dict[str, str]:
+        return s3a_settings(json.loads(self.properties_json))
+
     def _fs(self, url: str) -> tuple[FileSystem, str]:
         from pyiceberg.io.pyarrow import PyArrowFileIO
         scheme, netloc, path = PyArrowFileIO.parse_location(url)
@@ -110,6 +133,11 @@ class Store:
     def make_dirs(self, url: str) -> None:
         fs, path = self._fs(url)
         fs.create_dir(path, recursive=True)
+
+    def write_empty(self, url: str) -> None:
+        fs, path = self._fs(url)
+        with fs.open_output_stream(path):
+            pass
 
     def delete_file(self, url: str) -> None:
         fs, path = self._fs(url)

@@ -29,7 +29,7 @@ from airflow_eos.core.errors import InvalidCheckpoint, TargetError
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.iceberg.fields import IcebergSinkFields
 from airflow_eos.targets.iceberg.files import chunk_id, names_digest
-from airflow_eos.targets.iceberg.writer import DEAD_LETTERS, FOLDERS, ROWS, IcebergWriter
+from airflow_eos.targets.iceberg.writer import DEAD_LETTERS, FOLDERS, OPEN_MARKER, ROWS, IcebergWriter, staging_gone
 
 if TYPE_CHECKING:
     import psycopg
@@ -79,24 +79,29 @@ class IcebergStaging(IcebergSinkFields):
             if self.store.is_local(self.location):
                 for folder in (ROWS, DEAD_LETTERS):
                     self.store.make_dirs(f"{self.attempt_url(attempt)}/{folder}")
+            else:
+                self.store.write_empty(f"{self.attempt_url(attempt)}/{OPEN_MARKER}")
         log.info("%s: staging into %s", attempt, self.attempt_url(attempt))
         return attempt
 
     def writer(self, attempt: Attempt) -> IcebergWriter:
         url = self.attempt_url(attempt)
         local = self.store.is_local(url)
-        if local and not self.store.is_dir(f"{url}/{ROWS}"):
+        if staging_gone(self.store, url, local):
             raise TargetError(f"the staging {url} of {attempt} does not exist: the attempt was aborted")
         return IcebergWriter(url, self.label, self.store, local)
 
     def spark_output(self, attempt: Attempt):  # -> core.sink.SparkOutput
         """Spark's own Parquet writer writes the rows into ``rows/`` and the dead
-        letters into ``dead_letters/`` (an ``s3://`` location as Hadoop's ``s3a://``)."""
+        letters into ``dead_letters/`` (an ``s3://`` location as Hadoop's
+        ``s3a://``, reached with the catalog's ``s3.*`` properties)."""
         from airflow_eos.core.sink import SparkOutput
 
         url = self.attempt_url(attempt)
-        spark_url = "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
-        return SparkOutput(f"{spark_url}/{ROWS}", f"{spark_url}/{DEAD_LETTERS}")
+        if url.startswith("s3://"):
+            spark_url = "s3a://" + url[len("s3://"):]
+            return SparkOutput(f"{spark_url}/{ROWS}", f"{spark_url}/{DEAD_LETTERS}", hadoop=self.store.s3a_settings())
+        return SparkOutput(f"{url}/{ROWS}", f"{url}/{DEAD_LETTERS}")
 
     def _scan(self, attempt: Attempt) -> list[Staged]:
         url = self.attempt_url(attempt)
@@ -112,7 +117,7 @@ class IcebergStaging(IcebergSinkFields):
 
     def _gone(self, attempt: Attempt) -> bool:
         url = self.attempt_url(attempt)
-        return self.store.is_local(url) and not self.store.is_dir(f"{url}/{ROWS}")
+        return staging_gone(self.store, url, self.store.is_local(url))
 
     def staged_chunks(self, attempt: Attempt) -> list[StagedChunk]:
         """One chunk per file Spark's writer left (a data file and a dead

@@ -43,7 +43,9 @@ def catalog_properties_of(connection: Mapping[str, Any]) -> dict[str, Any]:
     """A catalog connection's pyiceberg properties: its extras, the host as
     ``uri`` (unless the extras give one), the login and password as
     ``credential`` (``login:password``, OAuth2 client credentials) or the
-    password alone as ``token`` (extras ``{"auth": "token"}``)."""
+    password alone as ``token`` (extras ``{"auth": "token"}``). Extras of
+    type ``sql`` without a ``uri`` (nor a host) are the SQL catalog in the
+    ledger's database with these properties (an object store's ``s3.*``)."""
     extra = dict(connection.get("extra") or {})
     props = {k: v for k, v in extra.items() if k != "auth"}
     host = connection.get("host")

@@ -28,6 +28,17 @@ log = logging.getLogger(__name__)
 ROWS = "rows"
 DEAD_LETTERS = "dead_letters"
 FOLDERS = {"data": ROWS, "dead_letters": DEAD_LETTERS}  # kind of a staged file -> its folder
+# An object store has no directories: an empty object beside the folders marks an attempt's staging as there
+# (begin writes it, an abort deletes it with the rest), as its folders do on a file system.
+OPEN_MARKER = "_eos_open"
+
+
+def staging_gone(store: Store, attempt_url: str, local: bool) -> bool:
+    """Whether an attempt's staging is gone (its attempt aborted): its
+    ``rows/`` folder on a file system, its open marker on an object store."""
+    if local:
+        return not store.is_dir(f"{attempt_url}/{ROWS}")
+    return store.size(f"{attempt_url}/{OPEN_MARKER}") is None
 
 
 def dead_letter_schema() -> pa.Schema:
@@ -44,7 +55,7 @@ class IcebergWriter:
     attempt_url: str  # <table location>/data/eos/<attempt.staging>
     target: str  # for messages
     store: Store
-    local: bool  # a local directory: a write into a deleted staging is refused
+    local: bool  # a local directory (or else an object store: its open marker says the staging is there)
 
     @property
     def data_url(self) -> str:
@@ -62,7 +73,7 @@ class IcebergWriter:
         import pyarrow as pa
         started = time.monotonic()
         name = f"part-{secrets.token_hex(8)}.parquet"
-        if self.local and not self.store.is_dir(self.data_url):
+        if staging_gone(self.store, self.attempt_url, self.local):
             raise self._gone()
         try:
             rows = self._write_rows(f"{self.data_url}/{name}", batches)

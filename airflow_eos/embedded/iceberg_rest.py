@@ -1,0 +1,104 @@
+"""An Apache Iceberg REST catalog: Iceberg's own REST catalog test server
+(``org.apache.iceberg.rest.RESTCatalogServer``, what the apache/iceberg-rest-fixture
+image runs), the REST spec served over a JdbcCatalog on a SQLite file, its
+warehouse a local directory, from the jars scripts/bootstrap.sh fetched
+(iceberg_rest_home)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from airflow_eos.core.jars import JarCache
+from airflow_eos.embedded.processes import free_port, stop_process, wait_for_port
+
+log = logging.getLogger("airflow_eos.embedded")
+
+# A release pyiceberg 0.12 talks to (REST spec of 1.10). scripts/iceberg-rest/pom.xml names the same
+# (tests/unit/test_deployment.py).
+ICEBERG_VERSION = "1.10.1"
+
+SERVER = "org.apache.iceberg.rest.RESTCatalogServer"
+
+
+ICEBERG_REST_JARS = JarCache(f"iceberg-rest-{ICEBERG_VERSION}",
+                             f"Iceberg {ICEBERG_VERSION}'s REST catalog server jars", "EOS_ICEBERG_REST_HOME",
+                             "iceberg-open-api-*-test-fixtures.jar", "scripts/iceberg-rest/pom.xml")
+
+
+def iceberg_rest_home() -> Path:
+    """Where scripts/bootstrap.sh put the REST catalog server's jars (``lib/``)."""
+    return ICEBERG_REST_JARS.home()
+
+
+class IcebergRestCatalog:
+    """The REST catalog server in one JVM on a free port (Jetty listens on
+    all interfaces: the server takes no host; the catalog's ``uri`` names
+    127.0.0.1), its SQLite catalog and its warehouse in a temp dir that lives
+    until the server is destroyed. ``uri`` is what pyiceberg's REST client
+    names (catalog properties ``{"type": "rest", "uri": ...}``)."""
+
+    def __init__(self, heap: str = "256m") -> None:
+        self.heap = heap
+        self.dir = Path(tempfile.mkdtemp(prefix="eos-iceberg-rest-"))
+        self.warehouse = self.dir / "warehouse"
+        self.logfile = self.dir / "server.log"
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.started_seconds = 0.0
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _environment(self) -> dict[str, str]:
+        # RCKUtils turns CATALOG_* variables into the backend catalog's properties ("_" -> ".", "__" -> "-")
+        return {**os.environ, "CATALOG_URI": f"jdbc:sqlite:{self.dir / 'catalog.db'}",
+                "CATALOG_WAREHOUSE": self.warehouse.as_uri(), "CATALOG_REST_PORT": str(self.port),
+                "CATALOG_JDBC_SCHEMA__VERSION": "V1"}
+
+    def start(self, timeout: float = 90.0) -> "IcebergRestCatalog":
+        started = time.monotonic()
+        self.warehouse.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        command = ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+                   "-cp", ICEBERG_REST_JARS.classpath(), SERVER]
+        with open(self.logfile, "ab") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self._environment(),
+                                         start_new_session=True)
+        try:
+            wait_for_port(self.port, timeout, self.proc)
+        except (RuntimeError, TimeoutError) as exc:
+            self.stop()
+            raise RuntimeError(f"the Iceberg REST catalog did not start: {exc}\n{self.log_tail()}") from exc
+        self.started_seconds = time.monotonic() - started
+        log.info("Iceberg REST catalog (Iceberg %s's RESTCatalogServer) on %s started in %.1fs (log %s)",
+                 ICEBERG_VERSION, self.uri, self.started_seconds, self.logfile)
+        return self
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.logfile.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """SIGTERM to the JVM's process group, SIGKILL if it takes over 10 s."""
+        if self.proc is not None:
+            stop_process(self.proc, grace=10.0, group=True)
+            self.proc = None
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "IcebergRestCatalog":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
