@@ -23,7 +23,6 @@ SLOWEST_FIRST = (
     "tests/e2e/test_kafka_dag.py",
     "tests/chaos/test_external_faults.py",
     "tests/integration/test_kafka_marker_expiry.py",
-    "tests/integration/test_kafka_marker_expiry_refusal.py",
     "tests/chaos/test_matrix_files.py",
     "tests/chaos/test_matrix_postgres.py",
     "tests/chaos/test_matrix_kafka.py",
