@@ -84,22 +84,29 @@ def crash_after_kafka_commit(sink, plan, monkeypatch):
 def lose_marker(sink, plan, how):
     """The window's marker group's offsets gone, ``how``: ``expired`` waits
     until the broker's retention has dropped them (polled; a deadline);
-    ``deleted`` deletes the group (it has no member), leaving what retention leaves."""
+    ``deleted`` deletes the group (it has no member). Either way the group is
+    then gone from the broker, offsets and all: the expiry removes a group
+    without members along with its last offsets, so the deletion leaves what
+    it leaves."""
     ends = {r.tp: r.end_offset for r in plan.ranges}
     group = sink.marker_group(plan.window)
     assert kclient.read_marker(sink.kafka_config, group, sink.topic, ends) is not None
+    assert group in groups(sink.kafka_config)
     if how == "deleted":
-        delete_group(sink.kafka_config, group)
+        admin = AdminClient(sink.kafka_config)  # not outliving this call: delete_records says why
+        admin.delete_consumer_groups([group], request_timeout=30)[group].result(timeout=30)
+        del admin
     deadline = time.monotonic() + EXPIRY_DEADLINE_S
     while kclient.read_marker(sink.kafka_config, group, sink.topic, ends) is not None:
         assert time.monotonic() < deadline, f"the offsets of {group} did not go in {EXPIRY_DEADLINE_S}s"
         time.sleep(2)
+    assert group not in groups(sink.kafka_config)
 
 
-def delete_group(config, group):
-    """Kafka's delete_consumer_groups, by an admin client that does not outlive this call (delete_records says why)."""
+def groups(config):
+    """The ids of the consumer groups the broker knows."""
     admin = AdminClient(config)
-    admin.delete_consumer_groups([group], request_timeout=30)[group].result(timeout=30)
+    return {g.group_id for g in admin.list_consumer_groups(request_timeout=30).result(timeout=30).valid}
 
 
 def intents(pg_url):
