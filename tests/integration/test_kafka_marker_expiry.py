@@ -4,15 +4,18 @@ commit intent (airflow_eos/targets/kafka/intent.py) and never publishes twice;
 when the topic can no longer tell either, the commit refuses, says what to do,
 and after `airflow-eos resolve` the window ends committed once.
 
-A broker of these tests' own, with the group offsets' retention at one minute
-(checked every second): the marker groups' offsets really expire, as after
-`offsets.retention.minutes` (7 days by default) in production. The refusal
-when the topic cannot tell either is in test_kafka_marker_expiry_refusal.py, a
-module of its own with a broker of its own: each waits a minute for the
-expiry, and test workers wait for the two side by side."""
+What the commit sees of an expired marker is its group without offsets: when
+``offsets.retention.minutes`` (7 days by default) has passed, the broker drops
+the offsets of the group, which has no member, and the group with them. The
+tests reproduce that at once by deleting the marker group (``deleted``); the
+first test also runs on a broker of its own whose retention is one minute,
+checked every second, and waits for the broker to expire the marker
+(``expired``, marked slow: ``make test`` runs it, ``make test-fast`` does not).
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -26,12 +29,16 @@ from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 from harness.topics import TopicFactory
 
+from airflow_eos.cli import main
+from airflow_eos.core.errors import CommitOutcomeUnknown
 from airflow_eos.core.sink import ALREADY_COMMITTED, PUBLISHED
 from airflow_eos.embedded import KafkaBroker
 from airflow_eos.targets.kafka import client as kclient
 
 PIPELINE = kafka.PIPELINE
 EXPIRY_DEADLINE_S = 150  # retention 60 s + the check every second, on a loaded machine
+# How a test's marker goes: deleted by the test, or expired by the broker's retention (a minute's wait).
+MARKER_LOSSES = ("deleted", pytest.param("expired", marks=pytest.mark.slow))
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +50,19 @@ def expiring_kafka(pg_server):
 
 
 @pytest.fixture
-def window(expiring_kafka, pg_url, ledger, freeze_windows):
-    """Window 0 of a source topic with its records, planned; a target topic; the sink."""
-    config = {"bootstrap.servers": expiring_kafka.bootstrap}
-    topics = TopicFactory(expiring_kafka.bootstrap)
+def marker_loss():
+    """How the marker goes where a test does not say: deleted (the run's broker)."""
+    return "deleted"
+
+
+@pytest.fixture
+def window(marker_loss, request, pg_url, ledger, freeze_windows):
+    """Window 0 of a source topic with its records, planned; a target topic; the
+    sink; on the broker whose retention expires the marker, for ``expired``."""
+    bootstrap = (request.getfixturevalue("expiring_kafka").bootstrap if marker_loss == "expired"
+                 else request.getfixturevalue("kafka").address)
+    config = {"bootstrap.servers": bootstrap}
+    topics = TopicFactory(bootstrap)
     source, target = topics.create(partitions=2, prefix="src"), topics.create(partitions=3, prefix="out")
     kafka._source_records(topics, source)
     [plan] = freeze_windows(PIPELINE, [0], partitions=((source, 0), (source, 1)))
@@ -65,15 +81,32 @@ def crash_after_kafka_commit(sink, plan, monkeypatch):
     return attempt
 
 
-def wait_for_marker_expiry(sink, plan):
-    """Until the broker has expired the window's marker group's offsets (polled; a deadline)."""
+def lose_marker(sink, plan, how):
+    """The window's marker group's offsets gone, ``how``: ``expired`` waits
+    until the broker's retention has dropped them (polled; a deadline);
+    ``deleted`` deletes the group (it has no member). Either way the group is
+    then gone from the broker, offsets and all: the expiry removes a group
+    without members along with its last offsets, so the deletion leaves what
+    it leaves."""
     ends = {r.tp: r.end_offset for r in plan.ranges}
     group = sink.marker_group(plan.window)
     assert kclient.read_marker(sink.kafka_config, group, sink.topic, ends) is not None
+    assert group in groups(sink.kafka_config)
+    if how == "deleted":
+        admin = AdminClient(sink.kafka_config)  # not outliving this call: delete_records says why
+        admin.delete_consumer_groups([group], request_timeout=30)[group].result(timeout=30)
+        del admin
     deadline = time.monotonic() + EXPIRY_DEADLINE_S
     while kclient.read_marker(sink.kafka_config, group, sink.topic, ends) is not None:
-        assert time.monotonic() < deadline, f"the offsets of {group} did not expire in {EXPIRY_DEADLINE_S}s"
+        assert time.monotonic() < deadline, f"the offsets of {group} did not go in {EXPIRY_DEADLINE_S}s"
         time.sleep(2)
+    assert group not in groups(sink.kafka_config)
+
+
+def groups(config):
+    """The ids of the consumer groups the broker knows."""
+    admin = AdminClient(config)
+    return {g.group_id for g in admin.list_consumer_groups(request_timeout=30).result(timeout=30).valid}
 
 
 def intents(pg_url):
@@ -110,13 +143,14 @@ def verify_clean(ledger, config, sink):
     assert report.clean, [v.message for v in report.violations]
 
 
+@pytest.mark.parametrize("marker_loss", MARKER_LOSSES)
 def test_marker_expired_after_the_kafka_commit_the_retry_records_it_and_publishes_nothing(
-        pg_url, ledger, window, monkeypatch):
+        pg_url, ledger, window, marker_loss, monkeypatch):
     plan, sink, config = window
     attempt = crash_after_kafka_commit(sink, plan, monkeypatch)
     [(_, token, records, resolution, _)] = intents(pg_url)
     assert (records, resolution) == (10, None)  # the intent outlived the ledger transaction
-    wait_for_marker_expiry(sink, plan)
+    lose_marker(sink, plan, marker_loss)
     ends = topic_ends(sink)
 
     result = sink.commit(attempt)  # the retry: no marker, but the topic holds the token's records
@@ -128,6 +162,41 @@ def test_marker_expired_after_the_kafka_commit_the_retry_records_it_and_publishe
     assert (settled, resolution) == (token, "committed") and "are in the topic" in how, how
     assert kafka.execute(pg_url, "SELECT token FROM eos.kafka_commits") == [(token,)]
     verify_clean(ledger, config, sink)
+
+
+def test_marker_expired_and_records_deleted_refuses_until_a_person_answers(pg_url, ledger, window, monkeypatch):
+    plan, sink, config = window
+    attempt = crash_after_kafka_commit(sink, plan, monkeypatch)
+    [(_, token, *_)] = intents(pg_url)
+    ends = topic_ends(sink)
+    delete_records(config, sink.topic, ends)
+    lose_marker(sink, plan, "deleted")
+
+    for finish in (lambda: sink.commit(attempt), lambda: sink.abort_window(plan.window, "commit failed")):
+        with pytest.raises(CommitOutcomeUnknown) as refused:
+            finish()
+        message = str(refused.value)
+        for said in (str(plan.window), "attempt 1", f"commit token {token}", sink.transactional_id(attempt),
+                     sink.marker_group(attempt), "offsets.retention.minutes", "were deleted",
+                     "Nothing was published", f"airflow-eos resolve --pipeline {PIPELINE}", "--committed"):
+            assert said in message, (said, message)
+        assert CommitOutcomeUnknown.terminal
+    assert kafka.window_row(pg_url, plan.window)[0] == "planned"
+    assert kafka.attempt_state(pg_url, attempt) == "prepared"
+    assert topic_ends(sink) == ends and lineage_in_topic(sink) == Counter()  # nothing published again
+
+    out = io.StringIO()
+    argv = ["resolve", "--postgres-url", pg_url, "--pipeline", PIPELINE, "--window-start",
+            plan.window.start.isoformat(), "--token", str(token), "--committed"]
+    assert main(argv, out=out) == 0, out.getvalue()
+    assert "committed" in out.getvalue()
+    assert main(argv, out=io.StringIO(), err=io.StringIO()) == 2  # answered already
+
+    result = sink.commit(attempt)
+    assert result.outcome == ALREADY_COMMITTED
+    assert kafka.window_row(pg_url, plan.window) == ("committed", 1, 1, 10)
+    assert kafka.execute(pg_url, "SELECT token FROM eos.kafka_commits") == [(token,)]
+    assert topic_ends(sink) == ends and lineage_in_topic(sink) == Counter()  # committed once: never republished
 
 
 @pytest.mark.parametrize("point", ["commit.before_publish", "commit.mid_produce"])

@@ -69,6 +69,7 @@ class KafkaPublished(KafkaSinkFields):
                              "isolation.level": "read_committed", "fetch.wait.max.ms": 10, **reset})
         found = []
         try:
+            _learn_leaders(consumer, timeout)
             consumer.assign([KafkaTP(self.topic, p, o) for p, o in start.items()])
             pending = set(start)
             deadline = time.monotonic() + timeout
@@ -159,3 +160,17 @@ def _foreign(topic: str, record: dict) -> ForeignRecord:
 
 def _int(text: str | None) -> int | None:
     return None if text is None else int(text)
+
+
+def _learn_leaders(consumer, timeout: float) -> None:
+    """Ask for the cluster's metadata (one round trip) before assigning: a
+    consumer assigned a partition whose leader it does not know yet looks a
+    logical offset (OFFSET_BEGINNING) up again only after 500 ms, 0.5 s of a
+    small topic's read (core/source.py's _fetch_metadata measures the same).
+    Every topic, not this one: naming a topic may create it. Best effort: a
+    broker that does not answer is reported by the read that follows."""
+    from confluent_kafka import KafkaException
+    try:
+        consumer.list_topics(timeout=min(timeout, 1.0))
+    except KafkaException:
+        pass

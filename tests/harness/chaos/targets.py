@@ -192,7 +192,11 @@ def parquet_source(root: str) -> dict[str, Any]:
     from hdfs_native.fsspec import HdfsFileSystem
 
     parts = urlsplit(root)
-    hdfs = HdfsFileSystem(host=parts.hostname, port=parts.port)
+    # Not in fsspec's instance cache: fsspec empties it in every forked child,
+    # and a child that drops an hdfs-native client waits forever for its
+    # runtime's threads, which a fork does not copy (a test forking later in
+    # the same worker hung in os.fork).
+    hdfs = HdfsFileSystem(host=parts.hostname, port=parts.port, skip_instance_cache=True)
     return {"source": parts.path, "filesystem": pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(hdfs))}
 
 
