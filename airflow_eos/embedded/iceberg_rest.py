@@ -23,7 +23,9 @@ log = logging.getLogger("airflow_eos.embedded")
 # (tests/unit/test_deployment.py).
 ICEBERG_VERSION = "1.10.1"
 
-SERVER = "org.apache.iceberg.rest.RESTCatalogServer"
+# RESTCatalogServer's servlet and backend catalog behind a connector on 127.0.0.1 (the server itself binds
+# every interface): a single-file Java program the JVM compiles at its start.
+LAUNCHER = Path(__file__).with_name("LocalRestCatalog.java")
 
 
 ICEBERG_REST_JARS = JarCache(f"iceberg-rest-{ICEBERG_VERSION}",
@@ -37,9 +39,8 @@ def iceberg_rest_home() -> Path:
 
 
 class IcebergRestCatalog:
-    """The REST catalog server in one JVM on a free port (Jetty listens on
-    all interfaces: the server takes no host; the catalog's ``uri`` names
-    127.0.0.1), its SQLite catalog and its warehouse in a temp dir that lives
+    """The REST catalog server in one JVM on 127.0.0.1 and a free port
+    (through :data:`LAUNCHER`), its SQLite catalog and its warehouse in a temp dir that lives
     until the server is destroyed. ``uri`` is what pyiceberg's REST client
     names (catalog properties ``{"type": "rest", "uri": ...}``)."""
 
@@ -67,7 +68,7 @@ class IcebergRestCatalog:
         self.warehouse.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         command = ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
-                   "-cp", ICEBERG_REST_JARS.classpath(), SERVER]
+                   "-cp", ICEBERG_REST_JARS.classpath(), str(LAUNCHER), str(self.port)]
         with open(self.logfile, "ab") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self._environment(),
                                          start_new_session=True)
