@@ -133,6 +133,6 @@ def _sink_of(target: TargetSpec | Sink | str, ledger: Ledger) -> tuple[Sink, str
     raise ConfigurationError(f"verify takes a target spec, a Sink or a table name, not {type(target).__name__}")
 
 
-__all__ = ["verify", "VerifyReport", "WindowAudit", "Totals", "Violation", "NotCheckable", "committed_prefix", "DUPLICATE",
-           "DEAD_AND_PUBLISHED", "MISSING", "EXTRA", "COUNT", "CHECKPOINT", "OFFSETS", "SOURCE", "HELD", "MORE",
-           "UNPUBLISHED", "FOREIGN"]
+__all__ = ["verify", "VerifyReport", "WindowAudit", "Totals", "Violation", "NotCheckable", "committed_prefix",
+           "DUPLICATE", "DEAD_AND_PUBLISHED", "MISSING", "EXTRA", "COUNT", "CHECKPOINT", "OFFSETS", "SOURCE", "HELD",
+           "MORE", "UNPUBLISHED", "FOREIGN"]

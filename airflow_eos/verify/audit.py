@@ -67,16 +67,12 @@ def _in_span(spans: str, a: str) -> str:
 
 
 def _in_compacted(a: str) -> str:
-    """SQL: {a}'s offset lies in its window's range of a compacted topic
-    (eos_verify_compacted), where the cleaner may have removed its record
-    since the window read it."""
+    """SQL: {a}'s offset is in its window's range of a compacted topic (the cleaner may have removed its record)."""
     return _in_span("eos_verify_compacted", a)
 
 
 def _in_expired(a: str) -> str:
-    """SQL: {a}'s offset lies in offsets of its window that retention has
-    deleted since (eos_verify_expired): in its window's range, no record to
-    compare it with."""
+    """SQL: {a}'s offset is in its window's offsets retention has deleted since (no record to compare it with)."""
     return _in_span("eos_verify_expired", a)
 
 
