@@ -15,7 +15,7 @@ from airflow_eos.core.errors import LedgerUnavailable
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.target import TargetSpec
 from airflow_eos.verify import OFFSETS, VerifyReport, verify
-from airflow_eos.verify.report import VIOLATION, window_result
+from airflow_eos.verify.report import SOURCE_EXPIRED, VIOLATION, window_result
 
 
 def cmd_verify(args, out: TextIO) -> int:
@@ -72,7 +72,7 @@ def print_report(report: VerifyReport, out: TextIO, *, limit: int = 50) -> None:
     shown = [a for a in report.windows if a.window_start in flagged or id(a) in keep]
     t = report.totals
     rows = [(a.window_start, a.shown_state, a.kafka_records, a.published_rows, a.dead_letters, a.duplicates, a.missing,
-             a.extra, _result(window_result(a, flagged))) for a in shown]
+             a.extra, _result(window_result(a, flagged, report.expired_windows))) for a in shown]
     rows.append(("total", "", t.kafka_records, t.published_rows, t.dead_letters, t.duplicates, t.missing,
                  t.extra, ""))
     print(table(["window start (UTC)", "state", "kafka records", "published", "dead letters", "duplicates",
@@ -83,6 +83,7 @@ def print_report(report: VerifyReport, out: TextIO, *, limit: int = 50) -> None:
     offsets_wrong = sum(x.kind == OFFSETS for x in report.violations)
     print(f"partition offsets: {len(report.expected_offsets)} partition(s) in the contiguous committed prefix, "
           + ("eos.partition_offsets matches" if not offsets_wrong else f"{offsets_wrong} wrong"), file=out)
+    print_not_checkable(report, out)
     if report.clean:
         proof = "is published exactly once or is a dead letter" if report.lineage else "is counted as the ledger says"
         print(f"CLEAN: every record of {report.committed_windows} committed window(s) {proof}", file=out)
@@ -92,5 +93,19 @@ def print_report(report: VerifyReport, out: TextIO, *, limit: int = 50) -> None:
         print(f"  {x.kind:<18} {x.message}", file=out)
 
 
+def print_not_checkable(report: VerifyReport, out: TextIO) -> None:
+    """The windows whose source records retention deleted: checked as far as
+    they can be (see verify.report.NotCheckable), no violation."""
+    if not report.not_checkable:
+        return
+    print(f"NO LONGER CHECKABLE AGAINST THE SOURCE: {len(report.expired_windows)} committed window(s); their rows "
+          "were checked for duplicates, their windows' ranges and the ledger's counts, not against Kafka's records "
+          "(not a violation):", file=out)
+    for x in report.not_checkable:
+        print(f"  {x}", file=out)
+
+
 def _result(result: str | None) -> str:
+    if result == SOURCE_EXPIRED:
+        return "ok, source expired"
     return "VIOLATION" if result == VIOLATION else result or "-"

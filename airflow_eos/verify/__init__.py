@@ -14,6 +14,11 @@ offset width is never taken for a count) and compared with the target:
 - both: the committed attempt's checkpoint covers the plan and counted the
   records Kafka holds, and ``eos.partition_offsets`` equals the contiguous
   committed prefix, computed here again from windows and ranges;
+- offsets of a committed range that retention has deleted since (before the
+  partition's log start) are no longer checkable against the source: the
+  report lists them (``not_checkable``), not as a violation; the window's rows
+  there are still checked for duplicates, against its ranges and the ledger's
+  counts, and the rest of its ranges against Kafka as usual;
 - no partition is held: the last committed end cut of a partition is not on a
   record stamped more than ``max_timestamp_skew`` beyond its window's end with
   older records after it (a cut frozen so holds every later window at that
@@ -57,6 +62,7 @@ from airflow_eos.verify.report import (
     MISSING,
     MORE,
     OFFSETS,
+    NotCheckable,
     SOURCE,
     UNPUBLISHED,
     Totals,
@@ -127,6 +133,6 @@ def _sink_of(target: TargetSpec | Sink | str, ledger: Ledger) -> tuple[Sink, str
     raise ConfigurationError(f"verify takes a target spec, a Sink or a table name, not {type(target).__name__}")
 
 
-__all__ = ["verify", "VerifyReport", "WindowAudit", "Totals", "Violation", "committed_prefix", "DUPLICATE",
-           "DEAD_AND_PUBLISHED", "MISSING", "EXTRA", "COUNT", "CHECKPOINT", "OFFSETS", "SOURCE", "HELD", "MORE",
-           "UNPUBLISHED", "FOREIGN"]
+__all__ = ["verify", "VerifyReport", "WindowAudit", "Totals", "Violation", "NotCheckable", "committed_prefix",
+           "DUPLICATE", "DEAD_AND_PUBLISHED", "MISSING", "EXTRA", "COUNT", "CHECKPOINT", "OFFSETS", "SOURCE", "HELD",
+           "MORE", "UNPUBLISHED", "FOREIGN"]

@@ -40,6 +40,7 @@ from airflow_eos.verify.report import (
     MISSING,
     MORE,
     UNPUBLISHED,
+    NotCheckable,
     VerifyReport,
     Violation,
     WindowAudit,
@@ -57,13 +58,22 @@ def _same(a: str, b: str) -> str:
     return _SAME_RECORD.format(a=a, b=b)
 
 
-def _in_compacted(a: str) -> str:
-    """SQL: {a}'s offset lies in its window's range of a compacted topic
-    (eos_verify_compacted), where the cleaner may have removed its record
-    since the window read it."""
-    return (f"EXISTS (SELECT 1 FROM eos_verify_compacted c WHERE c.window_start = {a}.window_start"
+def _in_span(spans: str, a: str) -> str:
+    """SQL: {a}'s offset lies in one of its window's spans in the temp table
+    ``spans`` (window_start, topic, partition, start_offset, end_offset)."""
+    return (f"EXISTS (SELECT 1 FROM {spans} c WHERE c.window_start = {a}.window_start"
             f' AND c.topic = {a}.topic AND c.partition = {a}.partition AND {a}."offset" >= c.start_offset'
             f' AND {a}."offset" < c.end_offset)')
+
+
+def _in_compacted(a: str) -> str:
+    """SQL: {a}'s offset is in its window's range of a compacted topic (the cleaner may have removed its record)."""
+    return _in_span("eos_verify_compacted", a)
+
+
+def _in_expired(a: str) -> str:
+    """SQL: {a}'s offset is in its window's offsets retention has deleted since (no record to compare it with)."""
+    return _in_span("eos_verify_expired", a)
 
 
 class _Audit:
@@ -81,6 +91,7 @@ class _Audit:
         self.windows: dict[datetime, _Window] = {}
         self.unreadable: set[datetime] = set()
         self.compacted: set[tuple[datetime, TopicPartition]] = set()  # committed ranges of compacted topics
+        self.expired: list[NotCheckable] = []  # offsets of committed ranges retention deleted since
         self.kafka_counts: dict[tuple[datetime, TopicPartition], int] = {}
         self.audits: dict[datetime | None, WindowAudit] = {}
         self.violations: list[Violation] = []
@@ -155,11 +166,13 @@ class _Audit:
         (see verify.kafka.read_records), and each window's count of them."""
         read = read_records(self.conn, self.windows, kafka, timeout, self.max_timestamp_skew)
         self.kafka_counts, self.unreadable, self.compacted = read.counts, read.unreadable, read.compacted
+        self.expired = read.expired
         self.violations += read.violations
         self.conn.execute("ANALYZE eos_verify_records")  # autovacuum never analyses temp tables
         for w in self.windows.values():
-            if w.state == WindowState.COMMITTED and w.start not in self.unreadable:
-                self.audits[w.start].kafka_records = sum(self.kafka_counts[w.start, r.tp] for r in w.ranges)
+            counts = [self.kafka_counts.get((w.start, r.tp)) for r in w.ranges]
+            if w.state == WindowState.COMMITTED and None not in counts:  # else not all of it could be read
+                self.audits[w.start].kafka_records = sum(counts)
 
     # ------------------------------------------------------------------ checks
 
@@ -259,11 +272,11 @@ class _Audit:
                                          row["topic"], row["partition"], row["offset"]))
 
     def _check_lineage(self) -> None:
-        # A row whose record the cleaner removed since its window read it is
-        # no extra row (the window's counts still match the ledger's), but
-        # published twice it is still a duplicate.
-        compacted = _in_compacted("eos_verify_diff")
-        for row in self._examples(DUPLICATE, f"SELECT * FROM eos_verify_diff WHERE n > 1 AND (in_kafka OR {compacted})",
+        # A row whose record the cleaner removed since its window read it, or
+        # retention deleted, is no extra row (the window's counts still match
+        # the ledger's), but published twice it is still a duplicate.
+        gone = f'({_in_compacted("eos_verify_diff")} OR {_in_expired("eos_verify_diff")})'
+        for row in self._examples(DUPLICATE, f"SELECT * FROM eos_verify_diff WHERE n > 1 AND (in_kafka OR {gone})",
                                   weight="n - 1"):
             self._add(DUPLICATE, row, f"{_where(row['topic'], row['partition'], row['offset'])} is published "
                                       f"{row['n']} times")
@@ -280,7 +293,7 @@ class _Audit:
         for row in self._examples(EXTRA, f"""
                 SELECT * FROM eos_verify_diff
                 WHERE NOT in_kafka AND coalesce(window_start <> ALL(%(unreadable)s::timestamptz[]), true)
-                  AND NOT {compacted}""", weight="n"):
+                  AND NOT {gone}""", weight="n"):
             times = f" ({row['n']} rows)" if row["n"] > 1 else ""
             self._add(EXTRA, row, f"row with lineage {_where(row['topic'], row['partition'], row['offset'])}"
                                   f"{times} {self._why_extra(row)}")
@@ -327,7 +340,7 @@ class _Audit:
                 WHERE d.pipeline = %(p)s AND (w.state IS DISTINCT FROM 'committed' OR d.epoch <> w.committed_epoch
                       OR (d.window_start <> ALL(%(unreadable)s::timestamptz[])
                           AND NOT EXISTS (SELECT 1 FROM eos_verify_records k WHERE """ + _same("k", "d") + """)
-                          AND NOT """ + _in_compacted("d") + "))"):
+                          AND NOT """ + _in_compacted("d") + " AND NOT " + _in_expired("d") + "))"):
             where = _where(row["topic"], row["partition"], row["offset"])
             if row["state"] is None:
                 why = "belongs to a window the pipeline never planned"
@@ -385,4 +398,4 @@ class _Audit:
     def report(self) -> VerifyReport:
         order = sorted(self.audits.values(), key=lambda a: (a.window_start is None, a.window_start or 0))
         return VerifyReport(self.pipeline, self.table, self.lineage, order, self.offsets, self.expected,
-                            self.violations)
+                            self.violations, not_checkable=self.expired)

@@ -1,9 +1,10 @@
 """Reading Kafka for ``verify``: the offsets of the records present in each
 committed window's planned ranges (offsets have gaps: transaction markers,
-compaction), copied into a temp table of the audit's transaction; which of those
-ranges are in compacted topics (the cleaner may have removed records of them
-since their window was read); and whether a partition is held at its last
-committed end cut (see core.plan).
+compaction), copied into a temp table of the audit's transaction; which offsets
+of those ranges retention has deleted since (no longer checkable against the
+source, a temp table too); which ranges are in compacted topics (the cleaner may
+have removed records of them since their window was read); and whether a
+partition is held at its last committed end cut (see core.plan).
 
 Offsets travel as contiguous runs (first, last): a range without gaps is a
 handful of runs, not a line of COPY text per record; PostgreSQL expands them."""
@@ -31,7 +32,7 @@ from airflow_eos.core.skew import held_behind, records_after
 from airflow_eos.core.kafka_client import CONSUMER_ONLY, READER_KAFKA_DEFAULTS, client_logging, consumer_config, reader
 from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog
 from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
-from airflow_eos.verify.report import HELD, SOURCE, Violation, _at, _Window
+from airflow_eos.verify.report import HELD, SOURCE, NotCheckable, Violation, _at, _Window
 
 
 @dataclass
@@ -41,6 +42,8 @@ class Read:
     counts: dict[tuple[datetime, TopicPartition], int] = field(default_factory=dict)  # records per window and range
     unreadable: set[datetime] = field(default_factory=set)  # windows with a range Kafka cannot give any more
     violations: list[Violation] = field(default_factory=list)  # SOURCE and HELD
+    # offsets of committed ranges retention deleted since, also in the temp table eos_verify_expired
+    expired: list[NotCheckable] = field(default_factory=list)
     # (window, partition) of the committed ranges in compacted topics, also in the temp table eos_verify_compacted
     compacted: set[tuple[datetime, TopicPartition]] = field(default_factory=set)
 
@@ -49,9 +52,13 @@ def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
                  kafka: PartitionLog | Mapping[str, Any], timeout: float, max_timestamp_skew: timedelta) -> Read:
     """The offsets of the records present in every committed window's ranges,
     into the temp table eos_verify_records (window_start, topic, partition,
-    offset): COPY'd as runs into eos_verify_runs, expanded by one INSERT. A
-    range that cannot be read any more is a violation; its window is left out
-    of the record comparisons. A held partition is one too (see _held)."""
+    offset): COPY'd as runs into eos_verify_runs, expanded by one INSERT.
+    Offsets retention has deleted since (before the partition's log start)
+    are no longer checkable against the source: noted in ``read.expired`` and
+    the temp table eos_verify_expired, the rest of the range is read. A range
+    that cannot be read otherwise (the topic recreated or gone) is a
+    violation; its window is left out of the record comparisons. A held
+    partition is one too (see _held)."""
     read = Read()
     conn.execute('CREATE TEMP TABLE eos_verify_records (window_start timestamptz NOT NULL,'
                  ' topic text NOT NULL, partition integer NOT NULL, "offset" bigint NOT NULL) ON COMMIT DROP')
@@ -72,32 +79,70 @@ def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
                     if r.width == 0:
                         read.counts[w.start, r.tp] = 0
                         continue
-                    # Kafka topic names are [a-zA-Z0-9._-]: nothing to escape in COPY's text format.
-                    prefix = f"{w.start.isoformat()}\t{r.topic}\t{r.partition}\t"
-                    count = 0
                     try:
                         if r.tp not in bounds:
                             bounds[r.tp] = log_.bounds(r.tp)
-                        _check_bounds(r, bounds[r.tp])
-                        batches = (reader.runs(r) if reader is not None else
-                                   [_runs([rec.offset for rec in log_.records(r.tp, r.start_offset, r.end_offset)])])
-                        for runs in batches:
-                            if runs:
-                                copy.write("".join(f"{prefix}{first}\t{last}\n" for first, last in runs))
-                                count += sum(last - first + 1 for first, last in runs)
-                    except (OffsetsExpired, LogTruncated, UnknownTopic) as exc:
+                        _check_end(r, bounds[r.tp])
+                        readable = _readable_part(w.start, r, bounds[r.tp], read)
+                        count = _copy_offsets(copy, w.start, readable, log_, reader) if readable.width else 0
+                    except OffsetsExpired as exc:  # retention deleted them while verify read the range
+                        read.expired.append(NotCheckable(w.start, r.tp, r.start_offset, r.end_offset,
+                                                         f"while verify read the range: {exc}"))
+                        continue
+                    except (LogTruncated, UnknownTopic) as exc:
                         read.unreadable.add(w.start)
                         read.violations.append(Violation(
                             SOURCE, f"{_at(w.start)}: {r.tp} [{r.start_offset}, {r.end_offset}) cannot be read "
                                     f"from Kafka, so its records cannot be checked: {exc}",
                             w.start, r.topic, r.partition, r.start_offset))
                         continue
-                    read.counts[w.start, r.tp] = count
+                    if readable == r:  # a count of part of a range says nothing of the whole
+                        read.counts[w.start, r.tp] = count
         conn.execute('INSERT INTO eos_verify_records SELECT window_start, topic, partition, generate_series(first, last)'
                      ' FROM eos_verify_runs')
         read.violations += _held(log_, bounds, windows, max_timestamp_skew)
+    _note_expired(conn, read)
     _note_compacted(conn, windows, kafka, read)
     return read
+
+
+def _readable_part(ws: datetime, r: PartitionRange, bounds: Bounds, read: Read) -> PartitionRange:
+    """The part of ``r`` still in the log; the part before the log start,
+    which retention deleted, is noted in ``read.expired``."""
+    if r.start_offset >= bounds.log_start:
+        return r
+    deleted_to = min(bounds.log_start, r.end_offset)
+    read.expired.append(NotCheckable(ws, r.tp, r.start_offset, deleted_to,
+                                     f"the log now starts at offset {bounds.log_start}"))
+    return PartitionRange(r.topic, r.partition, deleted_to, r.end_offset)
+
+
+def _copy_offsets(copy: psycopg.Copy, ws: datetime, r: PartitionRange, log_: PartitionLog,
+                  reader: _KafkaRecords | None) -> int:
+    """COPY the runs of offsets of the records present in ``r`` as window ``ws``'s; how many records."""
+    # Kafka topic names are [a-zA-Z0-9._-]: nothing to escape in COPY's text format.
+    prefix = f"{ws.isoformat()}\t{r.topic}\t{r.partition}\t"
+    batches = (reader.runs(r) if reader is not None else
+               [_runs([rec.offset for rec in log_.records(r.tp, r.start_offset, r.end_offset)])])
+    count = 0
+    for runs in batches:
+        if runs:
+            copy.write("".join(f"{prefix}{first}\t{last}\n" for first, last in runs))
+            count += sum(last - first + 1 for first, last in runs)
+    return count
+
+
+def _note_expired(conn: psycopg.Connection, read: Read) -> None:
+    """The offsets retention deleted, into the temp table eos_verify_expired
+    (window_start, topic, partition, start_offset, end_offset): a row there is
+    checked against its window's ranges and for duplicates, not against a record."""
+    conn.execute("CREATE TEMP TABLE eos_verify_expired (window_start timestamptz NOT NULL, topic text NOT NULL,"
+                 " partition integer NOT NULL, start_offset bigint NOT NULL, end_offset bigint NOT NULL)"
+                 " ON COMMIT DROP")
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO eos_verify_expired VALUES (%s, %s, %s, %s, %s)",
+                        [(x.window_start, x.tp.topic, x.tp.partition, x.start_offset, x.end_offset)
+                         for x in read.expired])
 
 
 def _note_compacted(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
@@ -295,10 +340,8 @@ def _runs(offsets: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _check_bounds(r: PartitionRange, bounds: Bounds) -> None:
+def _check_end(r: PartitionRange, bounds: Bounds) -> None:
     """Reading past the end would wait for records that never come (a broker
     need not report out-of-range offsets there), so compare with the bounds first."""
-    if r.start_offset < bounds.log_start:
-        raise OffsetsExpired(f"the log now starts at offset {bounds.log_start} (retention deleted planned records)")
     if r.end_offset > bounds.end:
         raise LogTruncated(f"the log ends at offset {bounds.end} (the topic was recreated or lost data)")

@@ -39,6 +39,24 @@ class Violation:
         return self.message
 
 
+@dataclass(frozen=True)
+class NotCheckable:
+    """Offsets [start_offset, end_offset) of a committed window's range that
+    retention deleted from Kafka since the window was read: its rows there are
+    still checked (no duplicate, each in its window's ranges, counts against
+    the ledger), but not against the source records. Not a violation."""
+
+    window_start: datetime
+    tp: TopicPartition
+    start_offset: int
+    end_offset: int
+    detail: str  # what Kafka says now (the log's start)
+
+    def __str__(self) -> str:
+        return (f"{_at(self.window_start)}: no longer checkable against the source: retention deleted offsets "
+                f"[{self.start_offset}, {self.end_offset}) of {self.tp} ({self.detail})")
+
+
 @dataclass
 class WindowAudit:
     """One window's numbers. ``None``: not determinable (the window is not
@@ -83,6 +101,12 @@ class VerifyReport:
     expected_offsets: dict[TopicPartition, int]  # the contiguous committed prefix, computed by verify
     violations: list[Violation] = field(default_factory=list)
     seconds: float = 0.0
+    not_checkable: list[NotCheckable] = field(default_factory=list)  # retention deleted their source records
+
+    @property
+    def expired_windows(self) -> set[datetime]:
+        """Committed windows with offsets retention deleted (see NotCheckable)."""
+        return {x.window_start for x in self.not_checkable}
 
     @property
     def clean(self) -> bool:
@@ -130,13 +154,17 @@ class VerifyReport:
                 "recorded_dead_letters": w.recorded_dead_letters, "kafka_records": w.kafka_records,
                 "published_rows": w.published_rows, "dead_letters": w.dead_letters, "duplicates": w.duplicates,
                 "missing": w.missing, "extra": w.extra, "published": not w.unpublished,
-                "result": window_result(w, flagged),
+                "result": window_result(w, flagged, self.expired_windows),
             } for w in self.windows],
             "offsets": {
                 "recorded": _offsets(self.offsets),
                 "expected": _offsets(self.expected_offsets),
                 "match": not any(x.kind == OFFSETS for x in self.violations),
             },
+            "not_checkable": [{
+                "window_start": _iso(x.window_start), "topic": x.tp.topic, "partition": x.tp.partition,
+                "start_offset": x.start_offset, "end_offset": x.end_offset, "message": str(x),
+            } for x in self.not_checkable],
             "violations": [{
                 "kind": x.kind, "message": x.message, "window_start": _iso(x.window_start), "topic": x.topic,
                 "partition": x.partition, "offset": x.offset,
@@ -147,21 +175,30 @@ class VerifyReport:
         t = self.totals
         head = (f"verify {self.pipeline} against {self.table}: {self.committed_windows} committed window(s), "
                 f"{t.kafka_records} records in Kafka, {t.published_rows} rows published, {t.dead_letters} dead letters")
+        expired = "".join(f"\n  {x}" for x in self.not_checkable)
+        if expired:
+            head += f"; {len(self.expired_windows)} window(s) no longer checkable against the source"
         if self.clean:
-            return head + ": clean"
-        return head + f": {len(self.violations)} violation(s)\n  " + "\n  ".join(map(str, self.violations))
+            return head + ": clean" + expired
+        return (head + f": {len(self.violations)} violation(s)\n  " + "\n  ".join(map(str, self.violations))
+                + expired)
 
 
 # Results of a window in the report
-OK, VIOLATION = "ok", "violation"
+OK, VIOLATION, SOURCE_EXPIRED = "ok", "violation", "source_expired"
 
 
-def window_result(window: WindowAudit, flagged: set[datetime | None]) -> str | None:
-    """``violation`` for a window with a finding, ``ok`` for a clean committed
-    one, None for one not committed (nothing published to prove)."""
+def window_result(window: WindowAudit, flagged: set[datetime | None], expired: set[datetime] = frozenset()
+                  ) -> str | None:
+    """``violation`` for a window with a finding, ``source_expired`` for a
+    committed one without and with records retention deleted (checked as far as
+    they can be, see NotCheckable), ``ok`` for another clean committed one, None
+    for one not committed (nothing published to prove)."""
     if window.window_start in flagged:
         return VIOLATION
-    return OK if window.state == WindowState.COMMITTED else None
+    if window.state != WindowState.COMMITTED:
+        return None
+    return SOURCE_EXPIRED if window.window_start in expired else OK
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -18,6 +18,7 @@ verified exactly once.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import time
@@ -31,6 +32,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
+from airflow_eos.cli.verify import print_report
 from airflow_eos.core.errors import OffsetsExpired
 from airflow_eos.core.kafka_client import client_logging
 from airflow_eos.core.windows import to_millis
@@ -373,3 +375,52 @@ def test_a_source_compacted_after_its_windows_committed_still_verifies_clean(mak
     twice = verify(p.ledger, dict(p.kafka_config), p.target, p.name)
     assert [v.kind for v in twice.violations if v.offset == 7] == ["duplicate"], str(twice)
     assert twice.totals.duplicates == 1, str(twice)
+
+
+def test_verify_after_retention_deleted_a_committed_windows_records_is_clean_and_names_it(
+        make_pipeline, kafka, tmp_path, tally):
+    """Windows 0 and 1 commit; then Kafka's size retention deletes window 0's
+    segment (as the default 7-day retention does to every window in time).
+    verify is clean (a pipeline on such a topic verifies clean again) and names
+    window 0 as no longer checkable against the source, with the deleted
+    offsets; its rows are still checked: published twice there, a row is a
+    duplicate. A row published twice in window 1, still in the log, is one too."""
+    topic = f"retained-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka, topic, 1, segment_ms="100")
+    p = on_topic(make_pipeline("retained"), topic)
+    h = Harness(p, tmp_path)
+    # Window 0's 12 records in one segment, window 1's and a record closing it in the next (the active one).
+    chaos.produce(kafka.address, topic, [(0, ms(5 * i), record_value(i)) for i in range(12)])
+    chaos.produce(kafka.address, topic, [(0, ms(60 + 5 * i), record_value(12 + i)) for i in range(13)])
+    assert h.run_until_committed([0, 1]) == 1
+    tally.add(check(h, (0, 1)))
+
+    alter_topic(kafka, topic, retention_bytes="1")
+    deadline = time.monotonic() + 60
+    while log_start(kafka, topic) < 12:
+        assert time.monotonic() < deadline, "retention deleted nothing within 60 s"
+        time.sleep(0.5)
+    alter_topic(kafka, topic, retention_bytes="-1")
+    assert log_start(kafka, topic) == 12, "retention was to delete window 0's segment only"
+
+    report = verify(p.ledger, dict(p.kafka_config), p.target, p.name)
+    assert report.clean, str(report)
+    assert [(x.window_start, str(x.tp), x.start_offset, x.end_offset) for x in report.not_checkable] == [
+        (p.window(0).start, f"{topic}[0]", 0, 12)]
+    assert f"no longer checkable against the source: retention deleted offsets [0, 12) of {topic}[0]" in str(report)
+    assert [(w.state, w.published_rows, w.dead_letters, w.kafka_records) for w in report.windows] == [
+        ("committed", 11, 1, None), ("committed", 11, 1, 12)]  # orders 5 and 18 are malformed: dead letters
+    as_json = report.to_dict()
+    assert [w["result"] for w in as_json["windows"]] == ["source_expired", "ok"] and as_json["clean"]
+    assert as_json["not_checkable"][0]["start_offset"] == 0 and as_json["not_checkable"][0]["end_offset"] == 12
+    printed = io.StringIO()
+    print_report(report, printed)  # what `airflow-eos verify` prints (exit code 0: clean)
+    assert "NO LONGER CHECKABLE AGAINST THE SOURCE: 1 committed window(s)" in printed.getvalue(), printed.getvalue()
+    assert "ok, source expired" in printed.getvalue() and "CLEAN:" in printed.getvalue(), printed.getvalue()
+
+    with psycopg.connect(p.url, autocommit=True) as conn:  # one row twice in each window: in the log and not
+        conn.execute(f"INSERT INTO {p.table} SELECT * FROM {p.table} WHERE eos_offset IN (3, 15)")
+    twice = verify(p.ledger, dict(p.kafka_config), p.target, p.name)
+    assert sorted((v.kind, v.offset) for v in twice.violations if v.kind == "duplicate") == [
+        ("duplicate", 3), ("duplicate", 15)], str(twice)
+    assert twice.totals.duplicates == 2 and not twice.clean, str(twice)

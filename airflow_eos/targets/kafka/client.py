@@ -29,7 +29,7 @@ from typing import Any
 
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.errors import TargetError
-from airflow_eos.core.kafka_client import CONSUMER_ONLY, client_logging
+from airflow_eos.core.kafka_client import CONSUMER_ONLY, client_errors, client_logging
 from airflow_eos.core.windows import TopicPartition, Window, to_utc
 
 log = logging.getLogger(__name__)
@@ -154,19 +154,31 @@ def check_topic(kafka_config: Mapping[str, Any], topic: str) -> int:
     the broker's defaults)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
-    admin = AdminClient(_producer_client(kafka_config))
+    config = _producer_client(kafka_config)
+    admin = AdminClient(config)
     try:
         # Every topic, not this one: a metadata request naming a missing topic
         # lets a broker with auto.create.topics.enable create it.
         metadata = admin.list_topics(timeout=TIMEOUT)
     except KafkaException as exc:
-        raise TargetError(f"cannot reach the Kafka cluster of target topic {topic}: {exc.args[0]}") from exc
+        raise unreachable(config, topic, exc) from exc
     found = metadata.topics.get(topic)
     if found is None or found.error is not None or not found.partitions:
         raise TargetError(f"the target topic {topic!r} does not exist (or is not visible to this client): create it "
                           "with the partitions, replication and retention its consumers need (e.g. kafka-topics.sh "
                           f"--create --topic {topic}); the Kafka target never creates a topic")
     return len(found.partitions)
+
+
+def unreachable(config: Mapping[str, Any], topic: str, exc: Exception) -> TargetError:
+    """The error of a target cluster that did not answer a metadata request:
+    where (its bootstrap servers), the client's reason, what to check; the
+    request changed nothing, so the step may simply be retried."""
+    bootstrap = config.get("bootstrap.servers")
+    hint = client_errors(dict(config)).hint(str(bootstrap))
+    return TargetError(f"cannot reach the Kafka cluster at {bootstrap} of target topic {topic}: "
+                       f"{exc.args[0] if exc.args else exc}{hint}; this request changed nothing: retry the task once "
+                       "the cluster answers")
 
 
 def cluster_identity(kafka_config: Mapping[str, Any], topic: str) -> str:
@@ -178,11 +190,12 @@ def cluster_identity(kafka_config: Mapping[str, Any], topic: str) -> str:
     sorted): ``kafka-brokers:<host:port,...>/<topic>``."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
-    admin = AdminClient(_producer_client(kafka_config))
+    config = _producer_client(kafka_config)
+    admin = AdminClient(config)
     try:
         metadata = admin.list_topics(timeout=TIMEOUT)  # every topic: naming one may create it
     except KafkaException as exc:
-        raise TargetError(f"cannot reach the Kafka cluster of target topic {topic}: {exc.args[0]}") from exc
+        raise unreachable(config, topic, exc) from exc
     if metadata.cluster_id:
         return f"kafka-cluster:{metadata.cluster_id}/{topic}"
     brokers = sorted(f"{b.host}:{b.port}" for b in metadata.brokers.values())
