@@ -98,8 +98,8 @@ def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
                         continue
                     if readable == r:  # a count of part of a range says nothing of the whole
                         read.counts[w.start, r.tp] = count
-        conn.execute('INSERT INTO eos_verify_records SELECT window_start, topic, partition, generate_series(first, last)'
-                     ' FROM eos_verify_runs')
+        conn.execute('INSERT INTO eos_verify_records SELECT window_start, topic, partition,'
+                     ' generate_series(first, last) FROM eos_verify_runs')
         read.violations += _held(log_, bounds, windows, max_timestamp_skew)
     _note_expired(conn, read)
     _note_compacted(conn, windows, kafka, read)
