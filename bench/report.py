@@ -9,6 +9,7 @@ from pathlib import Path
 
 from files import files_section
 from growth import growth_section
+from iceberg import iceberg_section
 from kafka import kafka_section
 from load import load_section
 from peer import peer_section
@@ -107,6 +108,7 @@ def render_markdown(res: dict) -> str:
     """The whole page: what was measured where, then the sections in order."""
     out = [_preamble(res), _headline_section(res), _ceilings_section(res), _exactly_once_section(res),
            _copying_section(res), _submit_section(res), files_section(res), kafka_section(res), peer_section(res),
+           iceberg_section(res),
            readers_section(res),
            _baseline_section(res), _ratios_section(res), load_section(res), "\n",
            render_cpu(res), growth_section(res), METHOD]

@@ -41,7 +41,11 @@ partitions, all inside one hourly window):
    a transactional producer producing the same records as its ceiling, both
    ``--repeats`` times interleaved (kafka.py); on the biggest window, the
    Spark side of the window with each reader (Spark's Kafka source and
-   eos_kafka) in core-seconds, ``--repeats`` times each (readers.py);
+   eos_kafka) in core-seconds, ``--repeats`` times each (readers.py); the
+   Iceberg target (issue 38): ``dags/orders_hourly_iceberg.py`` on the same
+   server (IcebergTarget: the window as one append snapshot of a fresh table),
+   with a plain pyiceberg append of the same rows as its ceiling, both
+   ``--repeats`` times interleaved (iceberg.py);
 
 4. CPU: the core-seconds each part of the run (broker, Spark, PostgreSQL,
    this process) spent in each ceiling and window, and what they imply: the
@@ -51,11 +55,13 @@ partitions, all inside one hourly window):
 The parts, one module each (beside this file, which is the CLI and composes
 them): records.py (the records and shared constants), measure.py (CpuMeter,
 TreeMemory, the median run), ceilings.py (1), windows.py (2, reading each
-task's figures from its XCom), files.py (2c, the file target), kafka.py (2d, the Kafka target), baseline.py (3, and the ``alo-job`` this file
+task's figures from its XCom), files.py (2c, the file target), kafka.py (2d, the Kafka target), iceberg.py
+(2g, the Iceberg target), baseline.py (3, and the ``alo-job`` this file
 runs under spark-submit), machine.py and report.py (results.json, results.md).
 
     make bench SIZES=10000,100000,1000000
     .venv/bin/python bench/run.py --sizes 10000
+    .venv/bin/python bench/run.py --sizes 10000 --repeats 1 --only iceberg --out /tmp/out   # §2c and §2g only
     .venv/bin/python bench/run.py render      # results.md again from results.json + results_notes.md
 """
 
@@ -84,7 +90,7 @@ from baseline import (  # noqa: E402
     run_at_least_once_on_connect,
 )
 from ceilings import measure_ceilings  # noqa: E402
-from files import files_headline, files_ratios, measure_files  # noqa: E402
+from files import files_headline, files_ratios, files_section, measure_files  # noqa: E402
 from growth import (  # noqa: E402
     growth_headline,
     measure_ledger_growth,
@@ -92,6 +98,7 @@ from growth import (  # noqa: E402
     measure_verify,
     verify_ratios,
 )
+from iceberg import iceberg_headline, iceberg_ratios, iceberg_section, measure_iceberg  # noqa: E402
 from kafka import kafka_headline, kafka_ratios, measure_kafka  # noqa: E402
 from machine import heavy_processes, machine_info  # noqa: E402
 from measure import CpuMeter, checkpoint, median_run  # noqa: E402
@@ -130,6 +137,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=int(os.environ.get("REPEATS") or 5),
                         help="runs of the headline pair (exactly-once §2, at-least-once §3) per size, "
                              "interleaved; the median run is reported (default: %(default)s; env REPEATS)")
+    parser.add_argument("--only", choices=("iceberg",),
+                        help="measure only this target's section and the ones it is compared with (iceberg: "
+                             "§2c and §2g), without waiting for a quiet machine; results.md holds those sections")
     args = parser.parse_args(argv)
     args.sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
     if args.repeats < 1:
@@ -156,7 +166,8 @@ def start_run(args: argparse.Namespace) -> Run:
     logging.basicConfig(level=logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="eos-bench-"))
     airflow_env(work / "airflow-home")
-    run = Run(work, quiet_load(), heavy_processes(), datetime.now(timezone.utc), time.perf_counter())
+    load = os.getloadavg() if args.only else quiet_load()
+    run = Run(work, load, heavy_processes(), datetime.now(timezone.utc), time.perf_counter())
     print(f"bench: sizes {args.sizes}, load average {run.load_start}, work dir {work}", flush=True)
     if run.busy:
         print("bench: other busy processes now (figures will be lower):\n  " + "\n  ".join(run.busy), flush=True)
@@ -203,7 +214,10 @@ def measure(args: argparse.Namespace) -> dict:
         results["spark_connect_server_start_s"] = connect.start_seconds
         bench = prepare(args, kafka.address, pg.address, connect, results)
         for k, size in enumerate(args.sizes):
-            results["sizes"][size] = measure_size(bench, k, size, results)
+            measure_one = measure_iceberg_only if args.only == "iceberg" else measure_size
+            results["sizes"][size] = measure_one(bench, k, size, results)
+        if args.only:
+            return results
         results["growth"] = measure_growth(bench)
         results.update(measure_load(kafka.address, pg.address))  # load.py: 20 pipelines x 24 windows, one ledger
         for f in bench.admin.delete_topics([TOPIC]).values():
@@ -233,14 +247,30 @@ def finish(results: dict, run: Run, args: argparse.Namespace) -> None:
     results["measured_at"] = run.measured_at.isoformat(timespec="seconds")
     results["bench_seconds"] = round(time.perf_counter() - run.started, 1)
     results["note"] = args.note
+    if args.only:
+        return finish_only(results, args)
     results.update(headline(results))
     results.update(files_headline(results))
+    results.update(iceberg_headline(results))
     results.update(kafka_headline(results))
     results.update(peer_headline(results))
     results.update(growth_headline(results))
     write_results(results, args.out)
     print(f"\nwritten {args.out / 'results.md'} and {args.out / 'results.json'}")
     print(render_markdown(results))
+
+
+def finish_only(results: dict, args: argparse.Namespace) -> None:
+    """results.json and a results.md of only the sections ``--only`` measured."""
+    results.update(files_headline(results))
+    results.update(iceberg_headline(results))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    page = (f"# bench/run.py --only {args.only} (load average at start {results['load_average']['start'][0]:.2f})\n"
+            + files_section(results) + iceberg_section(results))
+    (args.out / "results.md").write_text(page)
+    print(f"\nwritten {args.out / 'results.md'} and {args.out / 'results.json'}")
+    print(page)
 
 
 # --------------------------------------------------------------------------- one window size
@@ -250,7 +280,7 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     """Every measurement of a window of ``size`` records (the ``k``-th size)."""
     print(f"\n== window of {size:,} records", flush=True)
     # One database per way of staging: the same window, each with a ledger of its own.
-    modes = (("submit", "connect") + tuple(f"{kind}_{j}" for kind in ("partitioned", "files", "kafka")
+    modes = (("submit", "connect") + tuple(f"{kind}_{j}" for kind in ("partitioned", "files", "kafka", "iceberg")
                                            for j in range(bench.repeats))
              + (("warm_up", "ledger_growth") if k == 0 else ())
              + (("readers",) if size == max(bench.sizes) else ()))
@@ -273,6 +303,8 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     r.update(files_ratios(r))
     r.update(measure_kafka(bench, size, ends, urls, run_after + HOUR / 2))
     r.update(kafka_ratios(r))
+    r.update(measure_iceberg(bench, size, urls, run_after + HOUR / 2))
+    r.update(iceberg_ratios(r))
     r.update(measure_peer(bench, size, ends, urls, run_after + HOUR / 2))
     r.update(peer_ratios(r))
     if reported_failure(r, "verify", lambda: measure_verify(bench, size, urls["connect"])):
@@ -282,6 +314,22 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     if k == 0:  # on the smallest window: the ledger's part of plan and commit shows best
         reported_failure(r, "ledger_growth",
                          lambda: measure_ledger_growth(bench, size, urls["ledger_growth"], run_after + HOUR / 2))
+    drop_databases(bench, urls)
+    return r
+
+
+def measure_iceberg_only(bench: Bench, k: int, size: int, results: dict) -> dict:
+    """``--only iceberg``: of a window of ``size`` records, the file target's
+    window (§2c, the Iceberg window's comparison) and the Iceberg target's (§2g)."""
+    print(f"\n== window of {size:,} records (iceberg only)", flush=True)
+    modes = tuple(f"{kind}_{j}" for kind in ("files", "iceberg") for j in range(bench.repeats))
+    urls = create_databases(bench, {mode: f"bench_{size}_{mode}_{os.getpid()}" for mode in modes})
+    ends, produce_s = fresh_topic(bench, size)
+    r: dict = {"produce_s": produce_s}
+    run_after = datetime(2026, 4, 1, tzinfo=timezone.utc) + k * HOUR
+    r.update(measure_files(bench, size, ends, urls, run_after + HOUR / 2))
+    r.update(measure_iceberg(bench, size, urls, run_after + HOUR / 2))
+    r.update(iceberg_ratios(r))
     drop_databases(bench, urls)
     return r
 

@@ -30,6 +30,8 @@ def airflow_env(home: Path) -> None:
         "SPARK_LOCAL_IP": "127.0.0.1",
         # orders_hourly_files reads its root when its module is imported (load_dags).
         "EOS_ORDERS_FILES_ROOT": str(home.parent / "lake" / "orders"),
+        # orders_hourly_iceberg reads its warehouse the same way.
+        "EOS_ORDERS_ICEBERG_WAREHOUSE": str(home.parent / "lake" / "iceberg"),
     })
 
 
@@ -106,4 +108,5 @@ def load_dags() -> dict:
 
     db.initdb()
     return {name: runpy.run_path(str(REPO / "dags" / f"{name}.py"))["dag"]
-            for name in ("orders_hourly", "orders_hourly_partitioned", "orders_hourly_files", "orders_to_topic")}
+            for name in ("orders_hourly", "orders_hourly_partitioned", "orders_hourly_files", "orders_hourly_iceberg",
+                          "orders_to_topic")}
