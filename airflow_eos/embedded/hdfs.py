@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from airflow_eos.core.jars import JarCache
-from airflow_eos.embedded.processes import stop_process, wait_for_port
+from airflow_eos.embedded.processes import JvmService, wait_for_port
 
 log = logging.getLogger("airflow_eos.embedded")
 
@@ -33,7 +32,7 @@ def hdfs_home() -> Path:
     return HDFS_JARS.home()
 
 
-class HdfsCluster:
+class HdfsCluster(JvmService):
     """A NameNode and a DataNode in one JVM on 127.0.0.1, on ports the
     NameNode chooses (free ones: no race with another process picking the
     same), its storage in a temp dir that lives until the cluster is
@@ -92,27 +91,6 @@ class HdfsCluster:
                  self.started_seconds, self.logfile)
         return self
 
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.logfile.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """SIGTERM to the JVM's process group, SIGKILL if it takes over 10 s."""
-        if self.proc is not None:
-            stop_process(self.proc, grace=10.0, group=True)
-            self.proc = None
-
-    def destroy(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> "HdfsCluster":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.destroy()
 
 
 def _setting(config: Path, name: str) -> str:

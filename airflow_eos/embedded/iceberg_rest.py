@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from airflow_eos.core.jars import JarCache
-from airflow_eos.embedded.processes import free_port, stop_process, wait_for_port
+from airflow_eos.embedded.processes import JvmService, free_port, wait_for_port
 
 log = logging.getLogger("airflow_eos.embedded")
 
@@ -38,7 +37,7 @@ def iceberg_rest_home() -> Path:
     return ICEBERG_REST_JARS.home()
 
 
-class IcebergRestCatalog:
+class IcebergRestCatalog(JvmService):
     """The REST catalog server in one JVM on 127.0.0.1 and a free port
     (through :data:`LAUNCHER`), its SQLite catalog and its warehouse in a temp dir that lives
     until the server is destroyed. ``uri`` is what pyiceberg's REST client
@@ -82,24 +81,3 @@ class IcebergRestCatalog:
                  ICEBERG_VERSION, self.uri, self.started_seconds, self.logfile)
         return self
 
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.logfile.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """SIGTERM to the JVM's process group, SIGKILL if it takes over 10 s."""
-        if self.proc is not None:
-            stop_process(self.proc, grace=10.0, group=True)
-            self.proc = None
-
-    def destroy(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> "IcebergRestCatalog":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.destroy()

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from airflow_eos.core.jars import JarCache
-from airflow_eos.embedded.processes import free_port, stop_process, wait_for_port
+from airflow_eos.embedded.processes import JvmService, free_port, wait_for_port
 
 log = logging.getLogger("airflow_eos.embedded")
 
@@ -80,7 +80,7 @@ def kafka_home() -> Path:
     return KAFKA_JARS.home()
 
 
-class KafkaBroker:
+class KafkaBroker(JvmService):
     """Apache Kafka, one node in KRaft mode (broker and controller in one JVM), on
     127.0.0.1 and free ports. Its log directory lives until the broker is
     destroyed, so a restart keeps every record (as a real broker's does).
@@ -88,6 +88,9 @@ class KafkaBroker:
     The core never relies on broker metadata for correctness (see core.cut_search);
     the tests run on this broker so that what they prove holds on Kafka itself.
     """
+
+    stop_grace = 20.0  # a clean shutdown (SIGTERM) may take its time before SIGKILL
+    stop_group = False
 
     def __init__(self, heap: str = "768m", settings: Mapping[str, str] | None = None) -> None:
         """``settings``: server properties over :data:`KAFKA_SETTINGS` (a test's
@@ -163,18 +166,6 @@ class KafkaBroker:
                 raise TimeoutError(f"broker on {self.bootstrap} did not answer metadata")
             time.sleep(0.1)
 
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.logfile.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """A clean shutdown (SIGTERM), SIGKILL if it takes over 20 s."""
-        if self.proc is not None:
-            stop_process(self.proc, grace=20.0)
-            self.proc = None
-
     def kill(self) -> None:
         """A crash: SIGKILL, no shutdown."""
         if self.proc is not None:
@@ -192,12 +183,3 @@ class KafkaBroker:
             shutil.rmtree(self.dir / "data", ignore_errors=True)
         self.start()
 
-    def destroy(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> "KafkaBroker":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.destroy()

@@ -1,14 +1,18 @@
 """The processes the embedded services run in: a free port to listen on,
-waiting until one listens, stopping one (or its whole process group)."""
+waiting until one listens, stopping one (or its whole process group), and
+what every service in a JVM of its own shares (JvmService)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
+from typing import Self
 
 
 def free_port() -> int:
@@ -55,3 +59,41 @@ def stop_process(proc: subprocess.Popen, grace: float = 3.0, *, group: bool = Fa
             proc.wait(timeout=10)
     if group:
         send(signal.SIGKILL)  # children that outlived the leader
+
+
+class JvmService:
+    """A service in a JVM child process of its own, its files in a temp dir
+    that lives until the service is destroyed: its log's tail, stopping it,
+    destroying it, and use as a context manager. A subclass starts it
+    (``start`` returns the service) and may say how it is stopped."""
+
+    dir: Path
+    logfile: Path
+    proc: subprocess.Popen | None
+    stop_grace = 10.0  # seconds between SIGTERM and SIGKILL
+    stop_group = True  # the JVM leads a session of its own: signal its whole process group
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.logfile.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """SIGTERM, SIGKILL if it takes over ``stop_grace`` seconds."""
+        if self.proc is not None:
+            stop_process(self.proc, grace=self.stop_grace, group=self.stop_group)
+            self.proc = None
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()

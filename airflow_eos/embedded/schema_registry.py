@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -13,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from airflow_eos.embedded.processes import free_port, stop_process
+from airflow_eos.embedded.processes import JvmService, free_port
 
 log = logging.getLogger("airflow_eos.embedded")
 
@@ -40,7 +39,7 @@ def schema_registry_jar() -> Path:
     return jar
 
 
-class SchemaRegistry:
+class SchemaRegistry(JvmService):
     """The registry on 127.0.0.1 and a free port, its schemas in memory (gone
     when it stops). ``url`` is what a SchemaRegistryClient is given."""
 
@@ -94,24 +93,3 @@ class SchemaRegistry:
                 raise TimeoutError(f"{ready} did not answer 200 in time")
             time.sleep(0.2)
 
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.logfile.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """SIGTERM to the JVM's process group, SIGKILL if it takes over 10 s."""
-        if self.proc is not None:
-            stop_process(self.proc, grace=10.0, group=True)
-            self.proc = None
-
-    def destroy(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> "SchemaRegistry":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.destroy()
