@@ -47,6 +47,16 @@ READER_KAFKA_DEFAULTS = {
     "receive.message.max.bytes": 65 * 1024 * 1024,
 }
 
+
+def request_timeout(config, longest: float) -> float:
+    """How long a request of the package's own (metadata, a probe read) waits
+    for the cluster: ``longest``, or the connection's ``socket.timeout.ms``
+    (librdkafka's timeout of a network request) when it sets a shorter one,
+    so that an unreachable cluster fails a step as soon as the user's
+    settings say it should."""
+    socket_ms = config.get("socket.timeout.ms")
+    return min(longest, float(socket_ms) / 1000) if socket_ms else longest
+
 # librdkafka's own log, through Python logging: an unreachable broker makes it
 # log every reconnect (~20 lines a second), so each kind of line per broker is
 # let through once per interval, with a count of what was held back.

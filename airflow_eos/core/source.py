@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from airflow_eos.core.client_settings import masked, refuse_inline_secrets
 from airflow_eos.core.errors import ConfigurationError, OffsetsExpired, SourceUnavailable, UnknownTopic
-from airflow_eos.core.kafka_client import client_errors, client_logging, consumer_config, reader
+from airflow_eos.core.kafka_client import client_errors, client_logging, consumer_config, reader, request_timeout
 # cli/ reads the librdkafka log's logger from here; it lives in core/kafka_client.py
 from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA
@@ -123,7 +123,7 @@ class KafkaLog:
     parallel_reads = 16
 
     def __init__(self, kafka_config: dict, *, timeout: float = 10.0):
-        self.timeout = timeout
+        self.timeout = request_timeout(kafka_config, timeout)
         # Planning reads single records at scattered offsets: fetch little and
         # prefetch nothing, or every probe pulls megabytes it then throws away.
         # Both fetch limits: a broker may fill a response up to fetch.max.bytes

@@ -68,3 +68,13 @@ def test_the_targets_clients_log_through_the_package_not_stderr(capfd):
     made.poll(0)
     del made
     assert "rdkafka" not in capfd.readouterr().err
+
+
+def test_the_packages_own_requests_wait_no_longer_than_the_clients_socket_timeout():
+    from airflow_eos.core.kafka_client import request_timeout
+    from airflow_eos.core.source import KafkaLog
+
+    assert request_timeout({"bootstrap.servers": "b:9092"}, 30.0) == 30.0
+    assert request_timeout({"socket.timeout.ms": 3000}, 30.0) == 3.0
+    assert request_timeout({"socket.timeout.ms": "120000"}, 30.0) == 30.0
+    assert KafkaLog({"bootstrap.servers": "127.0.0.1:1", "socket.timeout.ms": 2000}).timeout == 2.0

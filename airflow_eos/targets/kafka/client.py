@@ -29,7 +29,7 @@ from typing import Any
 
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.errors import TargetError
-from airflow_eos.core.kafka_client import CONSUMER_ONLY, client_errors, client_logging
+from airflow_eos.core.kafka_client import CONSUMER_ONLY, client_errors, client_logging, request_timeout
 from airflow_eos.core.windows import TopicPartition, Window, to_utc
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ H_PARTITION = "eos-partition"
 H_OFFSET = "eos-offset"
 
 TIMEOUT = 30.0
+
 
 
 def _window_digest(target_id: str, window: Window | Attempt) -> str:
@@ -159,7 +160,7 @@ def check_topic(kafka_config: Mapping[str, Any], topic: str) -> int:
     try:
         # Every topic, not this one: a metadata request naming a missing topic
         # lets a broker with auto.create.topics.enable create it.
-        metadata = admin.list_topics(timeout=TIMEOUT)
+        metadata = admin.list_topics(timeout=request_timeout(config, TIMEOUT))
     except KafkaException as exc:
         raise unreachable(config, topic, exc) from exc
     found = metadata.topics.get(topic)
@@ -193,7 +194,7 @@ def cluster_identity(kafka_config: Mapping[str, Any], topic: str) -> str:
     config = _producer_client(kafka_config)
     admin = AdminClient(config)
     try:
-        metadata = admin.list_topics(timeout=TIMEOUT)  # every topic: naming one may create it
+        metadata = admin.list_topics(timeout=request_timeout(config, TIMEOUT))  # every topic: naming one may create it
     except KafkaException as exc:
         raise unreachable(config, topic, exc) from exc
     if metadata.cluster_id:
