@@ -1,16 +1,8 @@
 """Whole windows over a compacted topic (issue 34, item 3): compacted before its
 windows are planned, and after they committed.
 
-Each window runs through the production steps (airflow_eos.steps: plan, stage,
-prepare, commit) as the fault suite drives them (harness.chaos: the stage job's
-own reader, its Python transform), on the session's PostgreSQL and Apache Kafka,
-and ends in ``check``: verify against Kafka clean, every window committed,
-nothing live or left behind. Besides verify, each test checks the lineage itself
-(harness.real_kafka.assert_lineage).
-
-tests/integration/test_plan.py proves the planner's side (cuts, waits,
-refusals); this module proves that what it plans is staged, published and
-verified exactly once.
+Each window runs through the production steps as the fault suite drives them and
+ends in ``check`` and a lineage check: see harness/real_kafka.py.
 """
 
 from __future__ import annotations

@@ -1,9 +1,18 @@
 """Sources only a real Kafka has, for whole windows over them (tests/chaos/test_transactional_source.py,
 test_compacted_source.py, test_retention.py): topics with topic-level settings, keyed
 records in segments of their own, waiting for the log cleaner or retention, and the
-lineage check those tests share (:func:`assert_lineage`: the published rows and dead
-letters are the records a read_committed reader finds in the committed windows'
-ranges, each once, and nothing else)."""
+lineage check those tests share.
+
+Each of their windows runs through the production steps (airflow_eos.steps: plan,
+stage, prepare, commit) as the fault suite drives them (harness.chaos: the stage
+job's own reader, its Python transform), on the session's PostgreSQL and Apache
+Kafka, and ends in ``check``: verify against Kafka clean, every window committed,
+nothing live or left behind. Besides verify, each test checks the lineage itself
+(:func:`assert_lineage`): the published rows and dead letters are the records a
+read_committed reader finds in the committed windows' ranges, each once, and
+nothing else. tests/integration/test_plan.py proves the planner's side (cuts,
+waits, refusals); these tests prove that what it plans is staged, published and
+verified exactly once."""
 
 from __future__ import annotations
 
