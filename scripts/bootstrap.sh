@@ -86,76 +86,68 @@ if [ ! -f "$compiled" ] || [ "$stamp" -nt "$compiled" ]; then
   touch "$compiled"
 fi
 
-# Apache Kafka's broker (tests, demo, bench): its jars from Maven Central, once, into the cache that
-# airflow_eos.embedded.kafka_home() names; a later run finds the stamp and fetches nothing.
-kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' scripts/kafka/pom.xml)
-kafka_home=${EOS_KAFKA_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/kafka-$kafka_version}
-if [ ! -f "$kafka_home/.complete" ]; then
-  log "fetching Apache Kafka $kafka_version's jars with Maven into $kafka_home"
-  rm -rf "$kafka_home/lib"
-  mvn -q -B -f scripts/kafka/pom.xml dependency:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$kafka_home/lib"
-  touch "$kafka_home/.complete"
-fi
+# The Maven caches below: each lives outside the checkout, under the directory the matching
+# airflow_eos.embedded / airflow_eos.spark.connector function names (its EOS_*_HOME variable
+# overrides it), and is filled once: a later run finds its .complete stamp and fetches nothing.
+
+# pom_version POM PROPERTY: the version POM pins in its <PROPERTY>.
+pom_version() { sed -n "s:.*<$2>\(.*\)</$2>.*:\1:p" "$1"; }
+
+# cache_home VARIABLE NAME: the cache directory NAME, or what the environment's VARIABLE says.
+cache_home() { printf '%s\n' "${!1:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/$2}"; }
+
+# fill_once HOME DIR WHAT COMMAND...: COMMAND fills HOME/DIR unless an earlier run completed it;
+# a run cut short leaves no stamp, so the next one starts DIR again from empty.
+fill_once() {
+  local home=$1 dir=$2 what=$3
+  shift 3
+  [ -f "$home/.complete" ] && return 0
+  log "$what into $home"
+  rm -rf "${home:?}/$dir"
+  "$@"
+  touch "$home/.complete"
+}
+
+# fetch_jars HOME JARS POM: Maven copies POM's runtime dependencies (JARS says what they are) into HOME/lib, once.
+fetch_jars() {
+  fill_once "$1" lib "fetching $2 with Maven" \
+    mvn -q -B -f "$3" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$1/lib"
+}
+
+# Apache Kafka's broker (tests, demo, bench): airflow_eos.embedded.kafka_home().
+kafka_version=$(pom_version scripts/kafka/pom.xml kafka.version)
+fetch_jars "$(cache_home EOS_KAFKA_HOME "kafka-$kafka_version")" \
+  "Apache Kafka $kafka_version's jars" scripts/kafka/pom.xml
 
 # Spark's Kafka connector (format("kafka")) at the pinned PySpark's version, for the classpath of
-# spark-submit, the Spark Connect server and the standalone cluster's executors: its jars from Maven
-# Central, once, into a cache outside the checkout, so that no Spark process downloads at run time.
-spark_version=$(sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:p' scripts/spark-kafka/pom.xml)
-spark_kafka_home=${EOS_SPARK_KAFKA_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/spark-kafka-$spark_version}
-if [ ! -f "$spark_kafka_home/.complete" ]; then
-  log "fetching Spark $spark_version's Kafka connector jars with Maven into $spark_kafka_home"
-  rm -rf "$spark_kafka_home/lib"
-  mvn -q -B -f scripts/spark-kafka/pom.xml dependency:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$spark_kafka_home/lib"
-  touch "$spark_kafka_home/.complete"
-fi
+# spark-submit, the Spark Connect server and the standalone cluster's executors, so that no Spark
+# process downloads at run time.
+spark_version=$(pom_version scripts/spark-kafka/pom.xml spark.version)
+fetch_jars "$(cache_home EOS_SPARK_KAFKA_HOME "spark-kafka-$spark_version")" \
+  "Spark $spark_version's Kafka connector jars" scripts/spark-kafka/pom.xml
 
 # Hadoop's S3A file system (Spark's s3a:// writes of an Iceberg table's files on S3) at the Hadoop release of
-# PySpark's client jars: hadoop-aws and the AWS SDK modules it uses, into the cache that
-# airflow_eos.spark.connector.s3a_home() names; every Spark this package starts puts them on its classpath.
-s3a_version=$(sed -n 's:.*<hadoop.version>\(.*\)</hadoop.version>.*:\1:p' scripts/spark-s3a/pom.xml)
-s3a_home=${EOS_SPARK_S3A_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/spark-s3a-$s3a_version}
-if [ ! -f "$s3a_home/.complete" ]; then
-  log "fetching Hadoop $s3a_version's S3A jars with Maven into $s3a_home"
-  rm -rf "$s3a_home/lib"
-  mvn -q -B -f scripts/spark-s3a/pom.xml dependency:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$s3a_home/lib"
-  touch "$s3a_home/.complete"
-fi
+# PySpark's client jars: hadoop-aws and the AWS SDK modules it uses, into airflow_eos.spark.connector.s3a_home();
+# every Spark this package starts puts them on its classpath.
+s3a_version=$(pom_version scripts/spark-s3a/pom.xml hadoop.version)
+fetch_jars "$(cache_home EOS_SPARK_S3A_HOME "spark-s3a-$s3a_version")" \
+  "Hadoop $s3a_version's S3A jars" scripts/spark-s3a/pom.xml
 
-# Hadoop's HDFS mini-cluster (the file target's HDFS tests): its jars from Maven Central, once, into the
-# cache that airflow_eos.embedded.hdfs_home() names, at the Hadoop release of PySpark's client jars.
-hadoop_version=$(sed -n 's:.*<hadoop.version>\(.*\)</hadoop.version>.*:\1:p' scripts/hdfs/pom.xml)
-hdfs_home=${EOS_HDFS_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/hdfs-$hadoop_version}
-if [ ! -f "$hdfs_home/.complete" ]; then
-  log "fetching Hadoop $hadoop_version's HDFS mini-cluster jars with Maven into $hdfs_home"
-  rm -rf "$hdfs_home/lib"
-  mvn -q -B -f scripts/hdfs/pom.xml dependency:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$hdfs_home/lib"
-  touch "$hdfs_home/.complete"
-fi
+# Hadoop's HDFS mini-cluster (the file target's HDFS tests), at the Hadoop release of PySpark's client jars:
+# airflow_eos.embedded.hdfs_home().
+hadoop_version=$(pom_version scripts/hdfs/pom.xml hadoop.version)
+fetch_jars "$(cache_home EOS_HDFS_HOME "hdfs-$hadoop_version")" \
+  "Hadoop $hadoop_version's HDFS mini-cluster jars" scripts/hdfs/pom.xml
 
 # Apicurio Registry (the Avro source's tests): a Quarkus application, so Maven fetches it and runs
-# Quarkus's build of it (scripts/schema-registry/pom.xml), once, into the cache that
-# airflow_eos.embedded.schema_registry_home() names; a later run finds the stamp and builds nothing.
-registry_version=$(sed -n 's:.*<apicurio.version>\(.*\)</apicurio.version>.*:\1:p' scripts/schema-registry/pom.xml)
-registry_home=${EOS_SCHEMA_REGISTRY_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/schema-registry-$registry_version}
-if [ ! -f "$registry_home/.complete" ]; then
-  log "building Apicurio Registry $registry_version with Maven into $registry_home (first time ~2 min)"
-  rm -rf "$registry_home/build"
+# Quarkus's build of it (scripts/schema-registry/pom.xml) into airflow_eos.embedded.schema_registry_home().
+registry_version=$(pom_version scripts/schema-registry/pom.xml apicurio.version)
+registry_home=$(cache_home EOS_SCHEMA_REGISTRY_HOME "schema-registry-$registry_version")
+fill_once "$registry_home" build "building Apicurio Registry $registry_version with Maven (~2 min)" \
   mvn -q -B -f scripts/schema-registry/pom.xml package -DskipTests -Dregistry.build.dir="$registry_home/build"
-  touch "$registry_home/.complete"
-fi
 
-# Apache Iceberg's REST catalog test server (the Iceberg target's tests on a REST catalog): its jars from Maven
-# Central, once, into the cache that airflow_eos.embedded.iceberg_rest_home() names.
-iceberg_version=$(sed -n 's:.*<iceberg.version>\(.*\)</iceberg.version>.*:\1:p' scripts/iceberg-rest/pom.xml)
-iceberg_rest_home=${EOS_ICEBERG_REST_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/airflow-eos/iceberg-rest-$iceberg_version}
-if [ ! -f "$iceberg_rest_home/.complete" ]; then
-  log "fetching Apache Iceberg $iceberg_version's REST catalog server jars with Maven into $iceberg_rest_home"
-  rm -rf "$iceberg_rest_home/lib"
-  mvn -q -B -f scripts/iceberg-rest/pom.xml dependency:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$iceberg_rest_home/lib"
-  touch "$iceberg_rest_home/.complete"
-fi
+# Apache Iceberg's REST catalog test server (the Iceberg target's tests on a REST catalog):
+# airflow_eos.embedded.iceberg_rest_home().
+iceberg_version=$(pom_version scripts/iceberg-rest/pom.xml iceberg.version)
+fetch_jars "$(cache_home EOS_ICEBERG_REST_HOME "iceberg-rest-$iceberg_version")" \
+  "Apache Iceberg $iceberg_version's REST catalog server jars" scripts/iceberg-rest/pom.xml

@@ -1,19 +1,25 @@
 """What the targets that stage Parquet files share (the file target, Iceberg):
 a chunk's Arrow batches written as one schema, the staged dead letters read
-back, and deleting a staging folder a zombie task may still be writing into."""
+back, deleting a staging folder a zombie task may still be writing into, and an
+attempt's manifest of sealed files in the ledger (``eos.staged_files``)."""
 
 from __future__ import annotations
 
 import errno
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.columns import DEAD_LETTER_COLUMNS
 from airflow_eos.core.errors import TargetError
 
 if TYPE_CHECKING:
+    import psycopg
     import pyarrow as pa
+
+    from airflow_eos.core.attempt import Attempt
 
 DELETE_TRIES = 5
 
@@ -68,3 +74,37 @@ def delete_while_written(delete: Callable[[], object], tries: int = DELETE_TRIES
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or i == tries - 1:
                 raise
             time.sleep(0.05 * (i + 1))
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """A sealed file of an attempt, as its manifest lists it."""
+
+    path: str  # relative to the attempt's staging folder, in the target's layout
+    kind: str  # "data" | "dead_letters"
+    chunk: int
+    bytes: int
+    rows: int
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+
+def record_manifest(conn: psycopg.Connection, attempt: Attempt, manifest: Iterable[ManifestFile]) -> None:
+    """The attempt's manifest is ``manifest``, in place of what an earlier seal recorded."""
+    key = (attempt.pipeline, attempt.window_start, attempt.epoch)
+    conn.execute("DELETE FROM eos.staged_files WHERE pipeline = %s AND window_start = %s AND epoch = %s", key)
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO eos.staged_files (pipeline, window_start, epoch, path, kind, chunk, bytes, rows)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            [(*key, m.path, m.kind, m.chunk, m.bytes, m.rows) for m in manifest])
+
+
+def load_manifest(conn: psycopg.Connection, attempt: Attempt) -> list[ManifestFile]:
+    """The attempt's manifest, by path."""
+    rows = conn.execute(
+        "SELECT path, kind, chunk, bytes, rows FROM eos.staged_files WHERE pipeline = %s AND window_start = %s"
+        " AND epoch = %s ORDER BY path", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchall()
+    return [ManifestFile(*r) for r in rows]

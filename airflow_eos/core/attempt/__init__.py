@@ -46,6 +46,7 @@ from airflow_eos.core.attempt.model import (
 )
 from airflow_eos.core.attempt.prepare import Readiness, prepare
 from airflow_eos.core.attempt.rows import (
+    aborted_attempts,
     attempt_counts,
     live_attempts,
     load_state,
@@ -67,7 +68,7 @@ from airflow_eos.core.checkpoint import (
 __all__ = [
     "ABORTED", "CHECKPOINTED", "COMMITTED", "LIVE", "OPEN", "PREPARED",
     "Attempt", "AttemptState", "AttemptStatus", "Checkpoint", "ConsumedRange", "Readiness", "StagedChunk",
-    "advance_offsets", "attempt_counts", "check_committable", "check_current", "chunk_problems", "combine_checksums",
+    "aborted_attempts", "advance_offsets", "attempt_counts", "check_committable", "check_current", "chunk_problems", "combine_checksums",
     "coverage_problems", "live_attempts", "load_checkpoint", "load_offsets", "load_read_ranges", "load_state",
     "load_status", "make_checkpoint", "mark_aborted", "mark_committed", "open_attempt", "prepare",
     "record_read_range", "record_staged_chunks", "stale_attempts", "staging_name", "write_checkpoint",

@@ -95,6 +95,16 @@ def live_attempts(conn: psycopg.Connection, *, window: Window | None = None,
     return [Attempt(*r) for r in rows]
 
 
+def aborted_attempts(conn: psycopg.Connection, window: Window) -> list[Attempt]:
+    """The window's attempts aborted so far (a target whose abort deletes its staging
+    after marking the attempt finishes what an abort that died there left)."""
+    rows = conn.execute(
+        "SELECT pipeline, window_start, %s::timestamptz, epoch, staging_table FROM eos.attempts"
+        " WHERE pipeline = %s AND window_start = %s AND state = %s",
+        (window.end, window.pipeline, window.start, ABORTED)).fetchall()
+    return [Attempt(*r) for r in rows]
+
+
 def stale_attempts(conn: psycopg.Connection, opened_before: datetime, *,
                    claims: bool = True) -> list[tuple[Attempt, str | None]]:
     """Live attempts opened before an instant (the sweep's), oldest first, each

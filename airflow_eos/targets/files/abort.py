@@ -8,7 +8,8 @@ import os
 import time
 from datetime import datetime, timedelta, timezone
 
-from airflow_eos.core.attempt import ABORTED, Attempt
+from airflow_eos.core import attempt as attempts
+from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.writer import COMMIT_FILE, PUBLISH
@@ -44,12 +45,8 @@ class FileAbort(FileSinkFields):
         teardown's retry, not only by the sweep."""
         aborted = super().abort_window(window, reason)
         with self.ledger.connect() as conn, conn.transaction():
-            ended = conn.execute(
-                "SELECT pipeline, window_start, %s::timestamptz, epoch, staging_table FROM eos.attempts"
-                " WHERE pipeline = %s AND window_start = %s AND state = %s",
-                (window.end, window.pipeline, window.start, ABORTED)).fetchall()
-        for row in ended:
-            attempt = Attempt(*row)
+            ended = attempts.aborted_attempts(conn, window)
+        for attempt in ended:
             if self.files.lexists(self.staging_dir(attempt)):
                 log.info("%s was aborted before; deleting what is left of its staging", attempt)
                 self._remove_staging(attempt)

@@ -18,11 +18,10 @@ from airflow_eos.core.commit import CommitResult, Published, Settlement
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.publication import COMPLETE, DECIDED, PUBLISHED_STATE, SUPERSEDED, SUPERSEDED_HOW  # noqa: F401
-from airflow_eos.core.staged_files import dead_letter_records
+from airflow_eos.core.staged_files import ManifestFile, dead_letter_records, load_manifest
 from airflow_eos.core.windows import to_utc
 from airflow_eos.targets.files import fs
 from airflow_eos.targets.files.fields import FileSinkFields
-from airflow_eos.targets.files.staging import ManifestFile
 from airflow_eos.targets.files.writer import COMMIT_FILE, PUBLISH, StagedFile, read_footer
 
 if TYPE_CHECKING:
@@ -54,7 +53,7 @@ class FileCommit(FileSinkFields):
 
     def commit_problems(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
         """Every manifest file must be in the staging with its size and rows."""
-        return self._manifest_problems(attempt, checkpoint, self._load_manifest(conn, attempt))
+        return self._manifest_problems(attempt, checkpoint, load_manifest(conn, attempt))
 
     def publish_in_decision(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint,
                             replacing: AttemptStatus | None, settlement: Settlement) -> Published:
@@ -65,7 +64,7 @@ class FileCommit(FileSinkFields):
         older ones); the publication is recorded as *decided*. Nothing is
         visible to readers yet: :meth:`after_decision` moves the files into
         place once the decision is committed."""
-        manifest = self._load_manifest(conn, attempt)
+        manifest = load_manifest(conn, attempt)
         self._check_destination(attempt, replacing is not None)
         dead = self._read_dead_letters(attempt, manifest)
         fault_point("commit.before_publish")
@@ -128,7 +127,7 @@ class FileCommit(FileSinkFields):
         self.delete_expired_trash()
 
     def _commit_document(self, conn: psycopg.Connection, attempt: Attempt, location: str) -> dict[str, Any]:
-        manifest = [m for m in self._load_manifest(conn, attempt) if m.kind == "data"]
+        manifest = [m for m in load_manifest(conn, attempt) if m.kind == "data"]
         plan = self.ledger.load_plan(conn, attempt.window)
         dead = conn.execute("SELECT dead_letter_rows FROM eos.windows WHERE pipeline = %s AND window_start = %s",
                             (attempt.pipeline, attempt.window_start)).fetchone()[0]

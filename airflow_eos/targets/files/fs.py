@@ -6,8 +6,8 @@
 - :func:`rename_exchange`: swap two directories in one atomic step
   (``renameat2(RENAME_EXCHANGE)``, Linux 3.15+, ext4, xfs, btrfs, tmpfs, ...):
   a reader of either name sees the old directory or the new one, never neither.
-- :func:`write_atomically`: a file appears whole or not at all (temp name,
-  fsync, rename, fsync of the directory).
+- :func:`atomic_output`, :func:`write_atomically`: a file appears whole or not
+  at all (temp name, fsync, rename, fsync of the directory).
 - :func:`fsync_dir`: make a rename durable.
 - :class:`Entry`: one name in a directory, as every file system lists it
   (``storage.py``).
@@ -22,7 +22,9 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import IO
 
 from airflow_eos.core.staged_files import delete_while_written
 
@@ -122,13 +124,15 @@ def temp_name(final: str) -> str:
     return os.path.join(head, f".{tail}.{os.getpid()}.{time.monotonic_ns()}.tmp")
 
 
-def write_atomically(path: str, data: bytes) -> None:
-    """``path`` holds ``data`` whole, or keeps what it held: never a part."""
+@contextlib.contextmanager
+def atomic_output(path: str) -> Iterator[IO[bytes]]:
+    """A file that appears under ``path`` whole (synced) when the block ends,
+    or not at all if it raises."""
     tmp = temp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, path)
@@ -137,6 +141,12 @@ def write_atomically(path: str, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(os.path.dirname(path))
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """``path`` holds ``data`` whole, or keeps what it held: never a part."""
+    with atomic_output(path) as f:
+        f.write(data)
 
 
 def remove_tree(path: str) -> bool:

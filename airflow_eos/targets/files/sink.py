@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.core.publication import PublishedAfterDecision
 from airflow_eos.core.sink import Sink
+from airflow_eos.core.staged_files import ManifestFile
 from airflow_eos.targets.files.abort import FileAbort
 from airflow_eos.targets.files.commit import (
     COMMIT_FORMAT,
@@ -48,7 +49,7 @@ from airflow_eos.targets.files.commit import (
 from airflow_eos.targets.files.identity import root_aliases, root_id
 from airflow_eos.targets.files.layout import DEFAULT_LAYOUT, DEFAULT_REPLACED_RETENTION
 from airflow_eos.targets.files.published import LINEAGE_COLUMNS, FilePublished
-from airflow_eos.targets.files.staging import FileStaging, ManifestFile
+from airflow_eos.targets.files.staging import FileStaging
 from airflow_eos.targets.files.storage import Files, files_for
 
 __all__ = ["COMMIT_FORMAT", "COMPLETE", "DECIDED", "EXCHANGED", "LINEAGE_COLUMNS", "PUBLISHED_STATE", "RENAMED",

@@ -10,12 +10,12 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, Checkpoint, StagedChunk
 from airflow_eos.core.errors import InvalidCheckpoint, TargetError
+from airflow_eos.core.staged_files import ManifestFile, load_manifest, record_manifest
 from airflow_eos.core.windows import Window, to_utc
 from airflow_eos.targets.files.fields import FileSinkFields
 from airflow_eos.targets.files.identity import ROOT_CLAIM, RootClaim, claim_root, ledger_identity
@@ -37,19 +37,6 @@ if TYPE_CHECKING:
     import psycopg
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str  # relative to the staging directory: publish/<name> or sealed_dead_letters/<name>
-    kind: str
-    chunk: int
-    bytes: int
-    rows: int
-
-    @property
-    def name(self) -> str:
-        return os.path.basename(self.path)
 
 
 class FileStaging(FileSinkFields):
@@ -237,13 +224,7 @@ class FileStaging(FileSinkFields):
         except FileNotFoundError as exc:
             raise TargetError(f"staging directory {staging} of {attempt} vanished while sealing it: the attempt was "
                               "aborted") from exc
-        key = (attempt.pipeline, attempt.window_start, attempt.epoch)
-        conn.execute("DELETE FROM eos.staged_files WHERE pipeline = %s AND window_start = %s AND epoch = %s", key)
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO eos.staged_files (pipeline, window_start, epoch, path, kind, chunk, bytes, rows)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                [(*key, m.path, m.kind, m.chunk, m.bytes, m.rows) for m in manifest])
+        record_manifest(conn, attempt, manifest)
         log.info("%s: staging sealed in %.2fs: %d file(s) in the manifest, %d left out (not in the checkpoint)",
                  attempt, time.monotonic() - started, len(manifest), len(files) - len(kept))
 
@@ -285,15 +266,8 @@ class FileStaging(FileSinkFields):
 
     def staging_problems(self, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
         with self.ledger.connect() as conn, conn.transaction():
-            manifest = self._load_manifest(conn, attempt)
+            manifest = load_manifest(conn, attempt)
         return self._manifest_problems(attempt, checkpoint, manifest)
-
-    @staticmethod
-    def _load_manifest(conn: psycopg.Connection, attempt: Attempt) -> list[ManifestFile]:
-        rows = conn.execute(
-            "SELECT path, kind, chunk, bytes, rows FROM eos.staged_files WHERE pipeline = %s AND window_start = %s"
-            " AND epoch = %s ORDER BY path", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchall()
-        return [ManifestFile(*r) for r in rows]
 
     def _manifest_problems(self, attempt: Attempt, checkpoint: Checkpoint,
                            manifest: Sequence[ManifestFile]) -> list[str]:

@@ -122,23 +122,8 @@ class LocalFiles:
     def open_input(self, path: str) -> IO[bytes]:
         return open(path, "rb")
 
-    @contextlib.contextmanager
-    def atomic_output(self, path: str) -> Iterator[IO[bytes]]:
-        """A file that appears under ``path`` whole (synced) when the block
-        ends, or not at all if it raises."""
-        tmp = fs.temp_name(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        fs.fsync_dir(os.path.dirname(path))
+    def atomic_output(self, path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        return fs.atomic_output(path)
 
     def write_atomically(self, path: str, data: bytes) -> None:
         fs.write_atomically(path, data)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import ABORTED, Attempt
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.iceberg.fields import IcebergSinkFields
@@ -31,12 +32,9 @@ class IcebergAbort(IcebergSinkFields):
         between marking its attempt and deleting its files)."""
         aborted = super().abort_window(window, reason)  # type: ignore[misc]
         with self.ledger.connect() as conn, conn.transaction():
-            ended = conn.execute(
-                "SELECT pipeline, window_start, %s::timestamptz, epoch, staging_table FROM eos.attempts"
-                " WHERE pipeline = %s AND window_start = %s AND state = %s",
-                (window.end, window.pipeline, window.start, ABORTED)).fetchall()
-        for row in ended:
-            self.store.delete_tree(self.attempt_url(Attempt(*row)))
+            ended = attempts.aborted_attempts(conn, window)
+        for attempt in ended:
+            self.store.delete_tree(self.attempt_url(attempt))
         return aborted
 
     def sweeps_unclaimed(self, attempt: Attempt) -> bool:

@@ -25,9 +25,9 @@ from airflow_eos.core.commit import Published, Settlement
 from airflow_eos.core.errors import TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.publication import SUPERSEDED_HOW
-from airflow_eos.core.staged_files import dead_letter_records
+from airflow_eos.core.staged_files import ManifestFile, dead_letter_records, load_manifest
 from airflow_eos.targets.iceberg import table as tables
-from airflow_eos.targets.iceberg.staging import IcebergStaging, ManifestFile
+from airflow_eos.targets.iceberg.staging import IcebergStaging
 from airflow_eos.targets.iceberg.writer import DEAD_LETTERS, ROWS
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class IcebergCommit(IcebergStaging):
         replace deletes the window's older ones), the publication recorded as
         *decided*. Nothing is in the table yet: :meth:`publish_decided`
         commits the snapshot once the decision is durable."""
-        manifest = self.load_manifest(conn, attempt)
+        manifest = load_manifest(conn, attempt)
         dead = self._read_dead_letters(attempt, manifest)
         fault_point("commit.before_publish")
         self.record_dead_letters(conn, attempt, dead, replacing is not None)
@@ -83,7 +83,7 @@ class IcebergCommit(IcebergStaging):
         decided_at = conn.execute("SELECT decided_at FROM eos.publications WHERE pipeline = %s AND window_start = %s"
                                   " AND epoch = %s", (attempt.pipeline, attempt.window_start, attempt.epoch)
                                   ).fetchone()[0]
-        paths = self.data_paths(attempt, self.load_manifest(conn, attempt))
+        paths = self.data_paths(attempt, load_manifest(conn, attempt))
         older = self._older_paths(conn, attempt)
         token = tables.commit_token(attempt.staging, decided_at)
         base = self._intent(attempt, token)
@@ -171,7 +171,7 @@ class IcebergCommit(IcebergStaging):
         may name them; Iceberg's own expiry and orphan-file removal are theirs)."""
         url = self.attempt_url(attempt)
         with self.ledger.connect() as conn, conn.transaction():
-            manifest = self.load_manifest(conn, attempt)
+            manifest = load_manifest(conn, attempt)
             intent = conn.execute(
                 "SELECT token, base_snapshot FROM eos.iceberg_intents WHERE pipeline = %s AND window_start = %s"
                 " AND epoch = %s", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchone()

@@ -26,6 +26,7 @@ from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, Checkpoint, StagedChunk
 from airflow_eos.core.columns import LINEAGE_COLUMNS
 from airflow_eos.core.errors import InvalidCheckpoint, TargetError
+from airflow_eos.core.staged_files import ManifestFile, load_manifest, record_manifest
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.iceberg.fields import IcebergSinkFields
 from airflow_eos.targets.iceberg.files import chunk_id, names_digest
@@ -36,15 +37,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str  # relative to the attempt's folder: rows/<name> or dead_letters/<name>
-    kind: str  # "data" | "dead_letters"
-    chunk: int
-    bytes: int
-    rows: int
 
 
 @dataclass(frozen=True)
@@ -164,13 +156,8 @@ class IcebergStaging(IcebergSinkFields):
             raise InvalidCheckpoint(f"{attempt}: the staging does not hold what the write tasks reported, no "
                                     "checkpoint written:\n  " + "\n  ".join(problems))
         self.check_schema(attempt, [f for f in kept if f.kind == "data"])
-        key = (attempt.pipeline, attempt.window_start, attempt.epoch)
-        conn.execute("DELETE FROM eos.staged_files WHERE pipeline = %s AND window_start = %s AND epoch = %s", key)
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO eos.staged_files (pipeline, window_start, epoch, path, kind, chunk, bytes, rows)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                [(*key, f.path, f.kind, chunk_id(f.name), f.bytes, f.rows or 0) for f in kept])
+        record_manifest(conn, attempt, [ManifestFile(f.path, f.kind, chunk_id(f.name), f.bytes, f.rows or 0)
+                                        for f in kept])
         log.info("%s: staging sealed in %.2fs: %d file(s) in the manifest, %d left out (not in the checkpoint)",
                  attempt, time.monotonic() - started, len(kept), len(files) - len(kept))
 
@@ -195,23 +182,17 @@ class IcebergStaging(IcebergSinkFields):
 
     # ------------------------------------------------------------------ prepare and commit's check
 
-    def load_manifest(self, conn: psycopg.Connection, attempt: Attempt) -> list[ManifestFile]:
-        rows = conn.execute(
-            "SELECT path, kind, chunk, bytes, rows FROM eos.staged_files WHERE pipeline = %s AND window_start = %s"
-            " AND epoch = %s ORDER BY path", (attempt.pipeline, attempt.window_start, attempt.epoch)).fetchall()
-        return [ManifestFile(*r) for r in rows]
-
     def data_paths(self, attempt: Attempt, manifest: Sequence[ManifestFile]) -> list[str]:
         """The full paths of the manifest's data files: what the commit's snapshot names."""
         return [f"{self.attempt_url(attempt)}/{m.path}" for m in manifest if m.kind == "data"]
 
     def staging_problems(self, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
         with self.ledger.connect() as conn, conn.transaction():
-            manifest = self.load_manifest(conn, attempt)
+            manifest = load_manifest(conn, attempt)
         return self.manifest_problems(attempt, checkpoint, manifest, footers=True)
 
     def commit_problems(self, conn: psycopg.Connection, attempt: Attempt, checkpoint: Checkpoint) -> list[str]:
-        return self.manifest_problems(attempt, checkpoint, self.load_manifest(conn, attempt), footers=False)
+        return self.manifest_problems(attempt, checkpoint, load_manifest(conn, attempt), footers=False)
 
     def manifest_problems(self, attempt: Attempt, checkpoint: Checkpoint, manifest: Sequence[ManifestFile], *,
                           footers: bool) -> list[str]:

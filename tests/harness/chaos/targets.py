@@ -238,6 +238,28 @@ def _committed_records(p: Pipeline, conn: psycopg.Connection, windows: Sequence[
     return expected, malformed
 
 
+def _lineage_problems(read: str, expected: Mapping[tuple[str, int, int], tuple], rows: Sequence[dict]) -> list[str]:
+    """Each expected record's lineage on one row, none on no row or another (``read``: how the rows were read)."""
+    seen = Counter((r["eos_topic"], r["eos_partition"], r["eos_offset"]) for r in rows)
+    duplicates = sorted(k for k, c in seen.items() if c > 1)
+    missing = sorted(set(expected) - set(seen))
+    extra = sorted(set(seen) - set(expected))
+    if duplicates or missing or extra:
+        return [f"{read}: {len(duplicates)} duplicate(s) {duplicates[:5]}, "
+                f"{len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}"]
+    return []
+
+
+def _dead_letter_problems(p: Pipeline, conn: psycopg.Connection, malformed: set[tuple[str, int, int]]) -> list[str]:
+    """The ledger's dead letters of the pipeline are the malformed records, each once."""
+    dead = Counter(conn.execute('SELECT topic, partition, "offset" FROM eos.dead_letters WHERE pipeline = %s',
+                                (p.name,)).fetchall())
+    if set(dead) != malformed or any(c > 1 for c in dead.values()):
+        return [f"dead letters in the ledger {sorted(dead.elements())[:10]} are not the malformed records "
+                f"{sorted(malformed)[:10]}, once each"]
+    return []
+
+
 def _file_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
     """The file target read back as a reader does (PyArrow over the root), by
     lineage, against the Kafka records of the committed windows' frozen
@@ -250,13 +272,7 @@ def _file_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequen
     expected, malformed = _committed_records(p, conn, windows, committed,
                                              lambda window, order: (window.start.isoformat(), int(order["n"])))
     rows = _read_parquet_root(p.root or "")
-    seen = Counter((r["eos_topic"], r["eos_partition"], r["eos_offset"]) for r in rows)
-    duplicates = sorted(k for k, c in seen.items() if c > 1)
-    missing = sorted(set(expected) - set(seen))
-    extra = sorted(set(seen) - set(expected))
-    if duplicates or missing or extra:
-        problems.append(f"the root read with PyArrow: {len(duplicates)} duplicate(s) {duplicates[:5]}, "
-                        f"{len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}")
+    problems += _lineage_problems("the root read with PyArrow", expected, rows)
     wrong = []
     for r in rows:
         lineage = (r["eos_topic"], r["eos_partition"], r["eos_offset"])
@@ -266,11 +282,7 @@ def _file_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequen
                 wrong.append((lineage, r["id"], r.get("eos_window_start")))
     if wrong:
         problems.append(f"{len(wrong)} row(s) with another id or window than their record's: {wrong[:5]}")
-    dead = Counter(conn.execute('SELECT topic, partition, "offset" FROM eos.dead_letters WHERE pipeline = %s',
-                                (p.name,)).fetchall())
-    if set(dead) != malformed or any(c > 1 for c in dead.values()):
-        problems.append(f"dead letters in the ledger {sorted(dead.elements())[:10]} are not the malformed records "
-                        f"{sorted(malformed)[:10]}, once each")
+    problems += _dead_letter_problems(p, conn, malformed)
     sink = p.target
     for directory, doc in sink.published_partitions(p.name):  # type: ignore[attr-defined]
         start = datetime.fromisoformat(doc["window_start"])
@@ -335,8 +347,6 @@ def _kafka_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Seque
     return problems
 
 
-# How to read each target as its readers do, where the ledger's database is not
-# where they read it (a PostgreSQL target is read by verify itself).
 def _iceberg_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Sequence[int]) -> list[str]:
     """The table read as its readers read it (pyiceberg's scan of the current
     snapshot), by lineage, against the Kafka records of the committed
@@ -350,22 +360,12 @@ def _iceberg_reader_problems(p: Pipeline, conn: psycopg.Connection, windows: Seq
     expected, malformed = _committed_records(p, conn, windows, _committed_epochs(p, conn),
                                              lambda window, order: (int(order["n"]), Decimal(order["amount"])))
     rows = [r for r in table_rows(p.url, p.table) if r["eos_topic"] in p.topics]
-    seen = Counter((r["eos_topic"], r["eos_partition"], r["eos_offset"]) for r in rows)
-    duplicates = sorted(k for k, c in seen.items() if c > 1)
-    missing = sorted(set(expected) - set(seen))
-    extra = sorted(set(seen) - set(expected))
-    if duplicates or missing or extra:
-        problems.append(f"the table read with pyiceberg: {len(duplicates)} duplicate(s) {duplicates[:5]}, "
-                        f"{len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}")
+    problems += _lineage_problems("the table read with pyiceberg", expected, rows)
     wrong = [r for r in rows if (r["eos_topic"], r["eos_partition"], r["eos_offset"]) in expected
              and (r["id"], r["amount"]) != expected[r["eos_topic"], r["eos_partition"], r["eos_offset"]]]
     if wrong:
         problems.append(f"{len(wrong)} row(s) with another id or amount than their record's: {wrong[:5]}")
-    dead = Counter(conn.execute('SELECT topic, partition, "offset" FROM eos.dead_letters WHERE pipeline = %s',
-                                (p.name,)).fetchall())
-    if set(dead) != malformed or any(c > 1 for c in dead.values()):
-        problems.append(f"dead letters in the ledger {sorted(dead.elements())[:10]} are not the malformed records "
-                        f"{sorted(malformed)[:10]}, once each")
+    problems += _dead_letter_problems(p, conn, malformed)
     return problems
 
 
