@@ -25,12 +25,13 @@ from datetime import timedelta
 import psycopg
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from airflow_eos.core.kafka_client import client_logging
 from airflow_eos.core.windows import to_millis
 from harness import chaos
 from harness.chaos import T0, kafka_records, published_lineage, record_value
+from harness.topics import create_topic as create_served
 
 MINUTE = timedelta(minutes=1)
 
@@ -46,10 +47,7 @@ def on_topic(p: chaos.Pipeline, topic: str, **changes) -> chaos.Pipeline:
 
 def create_topic(kafka, topic: str, partitions: int, **settings: str) -> None:
     """A topic with topic-level settings (``segment_ms="100"`` for segment.ms)."""
-    admin = AdminClient({**client_logging(), "bootstrap.servers": kafka.address})  # kept until the answer
-    config = {k.replace("_", "."): v for k, v in settings.items()}
-    for f in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
-        f.result(15)
+    create_served(kafka.address, topic, partitions, {k.replace("_", "."): v for k, v in settings.items()})
 
 
 def alter_topic(kafka, topic: str, **settings: str) -> None:

@@ -10,6 +10,30 @@ import uuid
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from airflow_eos.core.kafka_client import client_logging
+
+
+def create_topic(bootstrap: str, name: str, partitions: int, config: dict | None = None, *,
+                 timeout: float = 15.0) -> None:
+    """Create a topic and wait until the broker's metadata serves it: every
+    partition with a leader. Kafka answers CreateTopics once the controller
+    has the topic, and a broker's metadata learns it later (KRaft: when the
+    broker has replayed the record), so a client asking at once may be told
+    the topic is unknown or has no leader yet."""
+    admin = AdminClient({**client_logging(), "bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(name, partitions, 1, config=dict(config or {}))]).values():
+        f.result(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        found = admin.list_topics(timeout=timeout).topics.get(name)
+        if found is not None and found.error is None and len(found.partitions) == partitions \
+                and all(p.leader >= 0 and p.error is None for p in found.partitions.values()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"topic {name} not served with {partitions} partitions and their leaders "
+                                 f"{timeout:.0f}s after its creation: {found}")
+        time.sleep(0.05)
+
 
 class TopicFactory:
     """Creates uniquely named topics and produces records with chosen timestamps."""
@@ -23,9 +47,7 @@ class TopicFactory:
 
     def create(self, partitions: int = 1, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-        futures = self.admin.create_topics([NewTopic(name, partitions, 1)])
-        for f in futures.values():
-            f.result(timeout=15)
+        create_topic(self.bootstrap, name, partitions)
         self.created.append(name)
         return name
 

@@ -153,7 +153,7 @@ def check_topic(kafka_config: Mapping[str, Any], topic: str) -> int:
     """The target topic's partition count; TargetError if it does not exist
     (it is never created: a producer's metadata request might create it with
     the broker's defaults)."""
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
     config = _producer_client(kafka_config)
     admin = AdminClient(config)
@@ -164,6 +164,10 @@ def check_topic(kafka_config: Mapping[str, Any], topic: str) -> int:
     except KafkaException as exc:
         raise unreachable(config, topic, exc) from exc
     found = metadata.topics.get(topic)
+    if found is not None and found.error is not None \
+            and found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+        raise TargetError(f"the target topic {topic!r} is not available now: {found.error.str()} (e.g. just "
+                          "created, or its leader is being elected); nothing changed: retry the task")
     if found is None or found.error is not None or not found.partitions:
         raise TargetError(f"the target topic {topic!r} does not exist (or is not visible to this client): create it "
                           "with the partitions, replication and retention its consumers need (e.g. kafka-topics.sh "

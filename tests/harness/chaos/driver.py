@@ -274,6 +274,8 @@ class Harness:
                 xcom[step] = call()
             except StepFailed as exc:
                 outcome.tries.append((step, "crashed" if exc.crashed else f"raised {exc.error}"))
+                if not exc.crashed and exc.error != "FaultInjected":  # not the test's own fault: say what it was
+                    self.note(f"w{i} {step}: {str(exc)[:400]}")
                 continue
             outcome.tries.append((step, "ok"))
             return True

@@ -105,11 +105,9 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, int, bytes]
 
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from harness.topics import create_topic as create_served
 
-    admin = AdminClient({**client_logging(), "bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(name, partitions, 1)]).values():
-        f.result(15)
+    create_served(bootstrap, name, partitions)
 
 
 def delete_topic(bootstrap: str, name: str) -> None:
