@@ -297,8 +297,9 @@ class _RangeRead:
         from airflow_eos.core.kafka_client import client_errors
 
         if self.ended_short:
-            held = open_transaction(self.kafka_config, str(self.task), self.task.topic, self.task.partition,
-                                    self.task.end_offset, waited_s=waited_s)
+            held = open_transaction(self.kafka_config, str(self.task),
+                                    [(self.task.topic, self.task.partition, self.task.end_offset)],
+                                    waited=f"for {waited_s:.0f}s")
             if held is not None:
                 return held
         servers = self.config["bootstrap.servers"]

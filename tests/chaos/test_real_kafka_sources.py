@@ -249,7 +249,8 @@ def test_a_transaction_open_past_the_grace_holds_its_window_until_it_ends_then_t
         assert settled(kafka, topic) == 21
         transaction(other, topic, [(30, 30), (50, 50), (70, 70)], commit=None)  # offsets 21-23, open
         plan = chaos.plan_step(p, p.window(0))
-        assert [(r["partition"], r["start_offset"], r["end_offset"]) for r in plan["ranges"]][0] == (0, 0, 24), plan
+        held_range = plan["ranges"][0]
+        assert (held_range["partition"], held_range["start_offset"], held_range["end_offset"]) == (0, 0, 24), plan
 
         with pytest.raises(TransactionOpen) as held:
             chaos.stage_step(p, plan)
