@@ -132,8 +132,11 @@ def order_id(value: bytes) -> int | None:
 
 
 def transactional_producer(kafka) -> Producer:
+    # transaction.timeout.ms: longer than a test keeps a transaction open on a busy machine (librdkafka's
+    # default, 60 s, is not): the broker aborts a transaction that times out.
     producer = Producer({**client_logging(), "bootstrap.servers": kafka.address,
-                         "transactional.id": f"eos-src-{uuid.uuid4().hex[:8]}", "linger.ms": 5})
+                         "transactional.id": f"eos-src-{uuid.uuid4().hex[:8]}", "linger.ms": 5,
+                         "transaction.timeout.ms": 600_000})
     producer.init_transactions(15)
     return producer
 
