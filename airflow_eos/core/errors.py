@@ -55,6 +55,13 @@ class SourceUnavailable(EosError):
     """The Kafka cluster could not be reached or answered with an error."""
 
 
+class TransactionOpen(SourceUnavailable):
+    """A planned range cannot be read to its end cut yet: a producer
+    transaction still open holds the partition's last stable offset below it
+    (a read_committed reader stops there). The brokers answer; the read can
+    succeed once the transaction commits or aborts, so it is not terminal."""
+
+
 class LedgerUnavailable(EosError):
     """The target database (which holds the ledger) could not be reached."""
 

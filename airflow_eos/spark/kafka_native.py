@@ -25,13 +25,14 @@ start has passed it fails the task (``failOnDataLoss``) instead of skipping; a
 fetch that brings nothing within ``kafkaConsumer.pollTimeoutMs`` fails it with a
 timeout. So a task that ends normally has read its range to its end cut.
 
-The plan's end cuts are at or below each partition's last stable offset by
-construction (core/plan.py freezes a cut at a record read with a
-``read_committed`` consumer, or at the end that consumer's fetch reported, which
-under ``read_committed`` is the last stable offset), and the last stable offset
-never moves back: Spark's consumer, which throws on an empty poll that does not
-move its position (an ``endingOffsets`` past the last stable offset), is never
-asked for one.
+A plan's end cut is at a record read with a ``read_committed`` consumer, or,
+for a partition idle past the grace, at the end of the log (core/plan.py): past
+the records of a transaction still open then, so beyond the last stable offset
+until that transaction ends. Spark's consumer, asked for an offset there, finds
+nothing within ``kafkaConsumer.pollTimeoutMs`` and, its end offsets being the
+last stable offset under ``read_committed``, fails the task as lost data; the
+stage job reports that as TransactionOpen (stage_report.job_failure), and a
+retry once the transaction has ended reads the range to its end cut.
 
 **What was read, recorded.** ``observe`` on the source DataFrame counts, per
 sub-range of the plan (its ranges split as the source splits them into tasks),

@@ -11,7 +11,10 @@ sub-ranges tile the range exactly (split_range).  A task reads with confluent-ka
 record count nor "the last record is end-1" says a range is complete.  A range is
 complete when a record at or beyond the end cut, or the end of the partition at or
 beyond it, was seen.  Reaching the end of the partition before the end cut means
-records the plan promised are gone; that is an error, never a short result.
+records the plan promised are gone, or not readable yet: a producer transaction
+still open holds the last stable offset there (TransactionOpen, once the read
+has waited ``poll_timeout_s`` for it to end); either is an error, never a short
+result.
 
 The rows are Arrow batches in the schema of Spark's own Kafka source, built by
 :mod:`airflow_eos.spark.kafka_batches`.
@@ -39,7 +42,7 @@ from airflow_eos.core.errors import (
     SourceUnavailable,
 )
 from airflow_eos.core.kafka_client import READER_KAFKA_DEFAULTS
-from airflow_eos.core.kafka_errors import kafka_error
+from airflow_eos.core.kafka_errors import kafka_error, open_transaction
 from airflow_eos.core.windows import PartitionRange, WindowPlan
 from airflow_eos.spark.kafka_batches import (
     GcPause,
@@ -187,6 +190,9 @@ class _RangeRead:
         self.answered = False
         self.short_since: float | None = None  # since when the partition has looked shorter than the plan
         self.silence_checked = False
+        # The last answer was an end of partition before the end cut (under
+        # read_committed: the last stable offset, which an open transaction holds).
+        self.ended_short = False
         self.last_answer = self.last_progress_log = time.perf_counter()
 
     def take(self, msgs: list, at: float) -> bool:
@@ -233,6 +239,7 @@ class _RangeRead:
             self.next_offset = offsets[-1] + 1
             self.reached = max(self.reached, self.next_offset)
             self.short_since = None  # records after an end of partition: the log grew
+            self.ended_short = False
         return beyond
 
     def _take_events(self, events, at: float) -> bool:
@@ -251,6 +258,7 @@ class _RangeRead:
                     # are markers: the log has been read up to here.
                     self.reached = max(self.reached, msg.offset())
                     self.short_since = self.short_since or at
+                    self.ended_short = True
                 continue
             error = kafka_error(err, str(self.task), offset=self.next_offset)
             if isinstance(error, OffsetsExpired):
@@ -274,17 +282,31 @@ class _RangeRead:
             self.silence_checked = True
             _diagnose(self.kafka_config, self.task, self.reached)
         if not answered and now - self.last_answer >= poll_timeout_s:
-            from airflow_eos.core.kafka_client import client_errors
-
-            servers = self.config["bootstrap.servers"]
-            raise SourceUnavailable(
-                f"{self.task}: no answer from Kafka at {servers} for {poll_timeout_s:.0f}s "
-                f"while reading at offset {self.next_offset}{client_errors(self.config).hint(servers)}"
-            )
+            raise self._silence_error(poll_timeout_s)
         if now - self.last_progress_log >= PROGRESS_EVERY_S:
             self.last_progress_log = now
             log.info("%s: %d records so far, at offset %d", self.task,
                      self.stats.records + len(self.columns), self.next_offset)
+
+
+    def _silence_error(self, waited_s: float) -> SourceUnavailable:
+        """The error of a read that got no answer for ``waited_s``: after an end
+        of partition short of the end cut, an open transaction holding the
+        last stable offset there (the brokers answer), if it is one; else
+        Kafka stopped answering."""
+        from airflow_eos.core.kafka_client import client_errors
+
+        if self.ended_short:
+            held = open_transaction(self.kafka_config, str(self.task),
+                                    [(self.task.topic, self.task.partition, self.task.end_offset)],
+                                    waited=f"for {waited_s:.0f}s")
+            if held is not None:
+                return held
+        servers = self.config["bootstrap.servers"]
+        return SourceUnavailable(
+            f"{self.task}: no answer from Kafka at {servers} for {waited_s:.0f}s "
+            f"while reading at offset {self.next_offset}{client_errors(self.config).hint(servers)}"
+        )
 
 
 def read_records(kafka_config: Mapping[str, Any], topic: str, partition: int,

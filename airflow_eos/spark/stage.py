@@ -148,11 +148,11 @@ from airflow_eos.spark.stage_report import (
     checkpoint_after_job,
     checkpointed_report,
     describe_attempt_state,
+    job_failure,
     log_plan,
     log_report,
     make_session_active,
     read_transformed,
-    spark_failure,
 )
 from airflow_eos.spark.stage_settings import (
     DEFAULT_ROWS_PER_CHUNK,
@@ -277,7 +277,7 @@ def _stage_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
     try:
         rows.write.format(FORMAT_NAME).mode("append").options(**settings.to_options()).save()
     except Exception as exc:
-        message, error = spark_failure(exc)
+        message, error = job_failure(exc, plan, kafka_config, observation)
         state = describe_attempt_state(target, attempt)
         raise StageFailed(f"the stage job of {attempt} failed ({state}): {message}", error=error) from exc
     if observation is not None:

@@ -30,11 +30,11 @@ from airflow_eos.spark.stage_report import (
     checkpoint_after_job,
     checkpointed_report,
     describe_attempt_state,
+    job_failure,
     log_plan,
     log_report,
     make_session_active,
     read_transformed,
-    spark_failure,
 )
 from airflow_eos.spark.stager import DEAD_LETTER_SAMPLES, TooManyBadRecords, too_many_message
 from airflow_eos.spark.udf import ERROR_COLUMN
@@ -120,7 +120,8 @@ def _write_and_checkpoint(spark: "SparkSession", rows: "DataFrame", layout: Layo
         written = time.perf_counter()
         checkpoint_after_job(target, attempt, run, plan, observation, lambda: target.staged_chunks(attempt))
     except Exception as exc:
-        raise _write_failed(spark, exc, target, attempt, run, output.data) from exc
+        cause = None if isinstance(exc, EosError) else job_failure(exc, plan, kafka_config, observation)
+        raise _write_failed(spark, exc, target, attempt, run, output.data, cause=cause) from exc
     finally:
         if persisted is not None:
             persisted.unpersist()
@@ -188,11 +189,12 @@ def _observation(rows: "DataFrame", name: str):
 
 
 def _write_failed(spark: "SparkSession", exc: Exception, target: Sink, attempt: Attempt, run: str,
-                  where: str) -> StageFailed:
+                  where: str, *, cause: tuple[str, str | None] | None) -> StageFailed:
     """The error a failed write or checkpoint ends the job with, the attempt
-    aborted first (and, when the disk is full, Spark's half-written files closed)."""
-    message, error = (f"{type(exc).__name__}: {exc}", type(exc).__name__) if isinstance(exc, EosError) \
-        else spark_failure(exc)
+    aborted first (and, when the disk is full, Spark's half-written files
+    closed); ``cause``: the failed job's (message, error class) by
+    job_failure, None when ``exc`` is one of ours."""
+    message, error = (f"{type(exc).__name__}: {exc}", type(exc).__name__) if isinstance(exc, EosError) else cause
     full = _disk_full(exc, where)
     if full is not None:
         message = full

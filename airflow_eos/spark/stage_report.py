@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, ConsumedRange
 from airflow_eos.core.errors import ConfigurationError, EosError
+from airflow_eos.core.kafka_errors import open_transaction
 from airflow_eos.core.sink import Sink
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.stage_settings import (
@@ -101,6 +102,23 @@ def spark_failure(exc: BaseException) -> tuple[str, str | None]:
             break
         lines.append(line)
     return f"{match.group(1)}: " + "\n".join(lines), match.group(1)
+
+
+def job_failure(exc: BaseException, plan: WindowPlan, kafka_config: Mapping, observation) -> tuple[str, str | None]:
+    """spark_failure of a failed job; when Spark's own Kafka source read the
+    plan (``observation``, its ObservedRead, not None) and the failure is not
+    one of ours, a transaction still open that holds a planned partition's last
+    stable offset below its end cut is the cause (Spark's source reports it as
+    lost data or a timeout): TransactionOpen, with Spark's error after it."""
+    message, error = spark_failure(exc)
+    if observation is None or error is not None:
+        return message, error
+    held = open_transaction(kafka_config, f"window {plan.window}",
+                            [(r.topic, r.partition, r.end_offset) for r in plan.ranges if r.width > 0],
+                            waited="for Spark's kafkaConsumer.pollTimeoutMs")
+    if held is None:
+        return message, error
+    return f"{type(held).__name__}: {held}. Spark's Kafka source reported: {message}", type(held).__name__
 
 
 def log_plan(plan: WindowPlan) -> None:

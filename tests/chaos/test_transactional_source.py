@@ -8,12 +8,17 @@ ends in ``check`` and a lineage check: see harness/real_kafka.py.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import timedelta
 
 import psycopg
+import pytest
 from confluent_kafka import Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient
 
+from airflow_eos.core.errors import TransactionOpen
 from airflow_eos.core.kafka_client import client_logging
 from harness import chaos
 from harness.chaos import Harness, check, record_value
@@ -25,8 +30,11 @@ WAITING_GRACE = timedelta(days=36_500)
 
 
 def transactional_producer(kafka) -> Producer:
+    # transaction.timeout.ms: longer than a test keeps a transaction open on a busy machine (librdkafka's
+    # default, 60 s, is not): the broker aborts a transaction that times out.
     producer = Producer({**client_logging(), "bootstrap.servers": kafka.address,
-                         "transactional.id": f"eos-src-{uuid.uuid4().hex[:8]}", "linger.ms": 5})
+                         "transactional.id": f"eos-src-{uuid.uuid4().hex[:8]}", "linger.ms": 5,
+                         "transaction.timeout.ms": 600_000})
     producer.init_transactions(15)
     return producer
 
@@ -42,6 +50,26 @@ def transaction(producer: Producer, topic: str, orders: list[tuple[float, int]],
         producer.commit_transaction(15)
     elif commit is False:
         producer.abort_transaction(15)
+
+
+def settled(kafka, topic: str, partition: int = 0) -> int:
+    """Wait until the last stable offset of the partition reaches its end (the
+    transaction coordinator writes a commit's markers after
+    ``commit_transaction`` returns: a transaction begun before they land has
+    records before them); returns the end."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import OffsetSpec
+
+    admin = AdminClient({**client_logging(), "bootstrap.servers": kafka.address})
+    tp = KafkaTopicPartition(topic, partition)
+    deadline = time.monotonic() + 30
+    while True:
+        stable, end = (admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation)[tp].result(15).offset
+                       for isolation in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED))
+        if stable == end:
+            return end
+        assert time.monotonic() < deadline, f"{topic}[{partition}] not settled within 30 s: {stable} < {end}"
+        time.sleep(0.1)
 
 
 def test_a_transactional_source_waits_for_its_open_transaction_then_publishes_each_committed_record_once(
@@ -94,3 +122,63 @@ def test_a_transactional_source_waits_for_its_open_transaction_then_publishes_ea
     assert max(window0) - min(window0) + 1 > len(window0)  # aborted records and markers: gaps in the range
     assert {n for n in window0.values() if n is not None} == {n for n in (*range(0, 20), *range(30, 50), 55)
                                                               if record_value(n).startswith(b"{\"")}
+
+
+@pytest.mark.parametrize("ending", ["commit", "abort"])
+def test_a_transaction_open_past_the_grace_holds_its_window_until_it_ends_then_the_window_commits_once(
+        make_pipeline, kafka, tmp_path, tally, ending):
+    """Partition 0 is written by transactional producers; a transaction (orders
+    30, 50, 70 at offsets 21-23; order 70 stamped in window 1) is still open
+    when window 0 is planned, long past ``idle_partition_grace``: the cut is
+    frozen at the end of the log (24), past its records, where a read_committed
+    reader cannot read yet. The stage fails with TransactionOpen naming the
+    partition, the last stable offset (21), the broker's timeout and the
+    command that ends it, not with "no answer from Kafka": its attempt is
+    aborted and nothing is published; a rerun fails the same way. The
+    transaction then commits (or aborts): the next run commits window 0 once,
+    with the transaction's records, also the one stamped in window 1 (the
+    window of their offsets), or without them (their offsets gaps in its
+    range); verify clean."""
+    topic = f"txn-open-{uuid.uuid4().hex[:8]}"
+    chaos.create_topic(kafka.address, topic, 2)
+    p = on_topic(make_pipeline(f"txn_open_{ending}"), topic)  # the default grace: window 0 ended long ago
+    h = Harness(p, tmp_path)
+    chaos.produce(kafka.address, topic, [(1, ms(m), record_value(2000 + m)) for m in range(0, 130, 5)])
+    writer, other = transactional_producer(kafka), transactional_producer(kafka)
+    try:
+        transaction(writer, topic, [(m, m) for m in range(0, 20)], commit=True)  # offsets 0-19, its marker 20
+        assert settled(kafka, topic) == 21
+        transaction(other, topic, [(30, 30), (50, 50), (70, 70)], commit=None)  # offsets 21-23, open
+        plan = chaos.plan_step(p, p.window(0))
+        held_range = plan["ranges"][0]
+        assert (held_range["partition"], held_range["start_offset"], held_range["end_offset"]) == (0, 0, 24), plan
+
+        with pytest.raises(TransactionOpen) as held:
+            chaos.stage_step(p, plan)
+        message = str(held.value)
+        assert f"the last stable offset of {topic}[0] is held at 21 by a producer transaction still open" in message
+        assert "below 24, where the planned range ends (the log ends at 24)" in message, message
+        assert "transaction.timeout.ms" in message and "The brokers answer" in message, message
+        assert f"abort --topic {topic} --partition 0 --start-offset 21" in message, message
+        assert "no answer from Kafka" not in message, message
+        assert chaos.attempt_states(p, 0) == [(1, "aborted")]
+        rerun = h.run(0)
+        assert rerun.tries == [("plan", "ok"), ("stage", "raised TransactionOpen"), ("abort", "ok")], rerun.tries
+        assert chaos.attempt_states(p, 0) == [(1, "aborted"), (2, "aborted")]
+        assert published_ids(p) == [], "published while the transaction was open"
+
+        if ending == "commit":
+            other.commit_transaction(15)
+        else:
+            other.abort_transaction(15)
+        transaction(writer, topic, [(125, 125)], commit=True)  # closes window 1
+    finally:
+        del writer, other  # freed now: no client of this test outlives its broker
+    assert h.run_until_committed([0, 1]) == 1
+    tally.add(check(h, (0, 1)))
+
+    truth = assert_lineage(p)
+    window0 = sorted(k[3] for k in truth if k[0] == p.window(0).start and k[2] == 0)
+    transaction_offsets = [21, 22, 23] if ending == "commit" else []  # orders 30, 50 and 70 (malformed: a dead letter)
+    assert window0 == [*range(0, 20), *transaction_offsets], window0  # 20: the first transaction's marker
+    assert ({30, 50} <= set(published_ids(p))) == (ending == "commit")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -720,6 +721,46 @@ def test_a_transaction_open_past_the_grace_is_in_one_window_only(ledger, kafka_c
     windows = [_committed_values(bootstrap, topic, r.start_offset, r.end_offset) for r in (first, second)]
     assert sorted(windows[0] + windows[1]) == sorted(f"m{m}".encode() for m in [*range(0, 30), 40, 50, 70])
     assert windows[0][:30] == [f"m{m}".encode() for m in range(0, 30)]
+
+
+def test_a_range_an_open_transaction_holds_short_is_reported_so_by_both_readers(ledger, kafka_config, topics):
+    """The window of the test above, frozen past a transaction still open: the
+    eos_kafka reader waits at the last stable offset, then fails with
+    TransactionOpen naming the partition, that offset and the range's end (not
+    "no answer from Kafka"); a stage job that read with Spark's own Kafka source
+    and failed with an error not ours (Spark calls it lost data) is reported as
+    TransactionOpen too, Spark's error after it. Once the transaction commits,
+    the range is read to its end, and Spark's error is reported as it is."""
+    from airflow_eos.core.errors import TransactionOpen
+    from airflow_eos.spark.kafka_ranges import plan_tasks, read_range
+    from airflow_eos.spark.stage_report import job_failure
+
+    topic = topics.create(partitions=1)
+    bootstrap = kafka_config["bootstrap.servers"]
+    writer, other = _transactional_producer(bootstrap), _transactional_producer(bootstrap)
+    spark_error = RuntimeError("An error occurred while calling o91.save.\njava.lang.IllegalStateException: "
+                               "Cannot fetch offset 31 ... Some data may have been lost")
+    try:
+        _transaction(writer, topic, range(0, 30), commit=True)
+        _transaction(other, topic, [40, 50], commit=None)
+        frozen = plan(ledger, kafka_config, "held", T0, T0 + HOUR, [topic])
+        [rng] = frozen.ranges
+        [task] = plan_tasks(frozen, 1000)
+        held_at = rf"the last stable offset of {topic}\[0\] is held at \d+ by a producer transaction still open, " \
+                  rf"below {rng.end_offset}, where the planned range ends"
+        with pytest.raises(TransactionOpen, match=held_at + r".* waited for 2s there\. The brokers answer"):
+            list(read_range(kafka_config, task, end_grace_s=0.5, poll_timeout_s=2))
+        message, error = job_failure(spark_error, frozen, kafka_config, observation=object())
+        assert error == "TransactionOpen" and re.search(held_at, message), message
+        assert message.endswith("Spark's Kafka source reported: IllegalStateException: Cannot fetch offset 31 ... "
+                                "Some data may have been lost"), message
+        assert job_failure(spark_error, frozen, kafka_config, observation=None)[1] is None  # eos_kafka's: its own
+        other.commit_transaction(15)
+    finally:
+        del writer, other  # freed now: no client of this test outlives its broker
+    read = [b.num_rows for b in read_range(kafka_config, task, end_grace_s=0.5, poll_timeout_s=10)]
+    assert sum(read) == 32, read
+    assert job_failure(spark_error, frozen, kafka_config, observation=object())[1] is None
 
 
 def test_retention_deleting_a_planned_range_fails_the_plan_and_the_read_loudly(ledger, kafka_config, topics):
