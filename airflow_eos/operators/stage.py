@@ -15,7 +15,7 @@ from airflow_eos.core.source import KafkaSource
 from airflow_eos.core.target import DEFAULT_CONN_IDS, SPARK, TargetSpec, as_spec
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.operators.base import TargetHooks
-from airflow_eos.spark.submit import DEFAULT_READER, READERS
+from airflow_eos.spark.submit import DEFAULT_READER, PYTHON_READER, READERS
 from airflow_eos.spark.transform import check_transform, parse_transform
 
 # The hooks and the steps are imported when a task runs: they load the Kafka and
@@ -105,6 +105,9 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
             raise ValueError("max_records_per_task must be >= 1 and max_bad_records >= 0")
         if reader not in READERS:
             raise ValueError(f"reader must be one of {list(READERS)}, got {reader!r}")
+        if source.is_avro and reader != PYTHON_READER:
+            raise ValueError(f"an Avro source is read by reader {PYTHON_READER!r} (the eos_kafka source decodes it), "
+                             f"not {reader!r}")
         self.plan = plan
         self.source = source
         self.target = as_spec(target)

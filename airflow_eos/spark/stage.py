@@ -124,6 +124,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core import attempt as attempts
@@ -243,13 +244,15 @@ def run_stage(
     except Exception as exc:
         abort_after_failure(target, attempt, f"stage job run {run} failed before writing: {exc}")
         raise
-    if output is not None:
-        return stage_files(spark, plan, attempt, target, output, kafka_config, transform, run=run,
-                           started=started, max_records_per_task=max_records_per_task,
-                           max_bad_records=max_bad_records, read_options=read_options, reader=reader)
-    return _stage_rows(spark, plan, attempt, target, kafka_config, transform, url=url, run=run, started=started,
-                       max_records_per_task=max_records_per_task, max_bad_records=max_bad_records,
-                       rows_per_chunk=rows_per_chunk, read_options=read_options, reader=reader)
+    with ExitStack() as cleanup:  # what the job persisted, unpersisted once it is done
+        if output is not None:
+            return stage_files(spark, plan, attempt, target, output, kafka_config, transform, run=run,
+                               started=started, max_records_per_task=max_records_per_task,
+                               max_bad_records=max_bad_records, read_options=read_options, reader=reader,
+                               cleanup=cleanup)
+        return _stage_rows(spark, plan, attempt, target, kafka_config, transform, url=url, run=run, started=started,
+                           max_records_per_task=max_records_per_task, max_bad_records=max_bad_records,
+                           rows_per_chunk=rows_per_chunk, read_options=read_options, reader=reader, cleanup=cleanup)
 
 
 def _with_decoding(plan: WindowPlan, reader: str, read_options: Mapping[str, Any] | None,
@@ -271,7 +274,7 @@ def _with_decoding(plan: WindowPlan, reader: str, read_options: Mapping[str, Any
 def _stage_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink,
                 kafka_config: Mapping[str, Any], transform, *, url: str, run: str, started: float,
                 max_records_per_task: int, max_bad_records: int, rows_per_chunk: int,
-                read_options: Mapping[str, Any] | None, reader: str) -> StageReport:
+                read_options: Mapping[str, Any] | None, reader: str, cleanup: ExitStack) -> StageReport:
     """run_stage's path for a sink that takes rows: the ``eos_staging`` data
     source's write tasks stage them; its job commit writes the checkpoint, or,
     when what was read is observed on Spark's Kafka source (known only after
@@ -285,7 +288,7 @@ def _stage_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
         not_null = target.not_null_columns(staging.columns)
         out, fn, observation = read_transformed(spark, plan, kafka_config, transform, url=url, attempt=attempt,
                                                 run=run, max_records_per_task=max_records_per_task,
-                                                read_options=read_options, reader=reader)
+                                                read_options=read_options, reader=reader, cleanup=cleanup)
         rows, layout = writer_input(out, staging.columns, not_null, table=target.label, strict=fn is not None)
         settings = StageSettings(target, attempt, plan, run, layout, max_bad_records, rows_per_chunk,
                                  kafka_config=kafka_config, checkpoint_by_driver=observation is not None)

@@ -11,6 +11,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -167,7 +168,7 @@ def checkpointed_report(target: Sink, attempt: Attempt, run: str, seconds: dict[
 
 def read_transformed(spark: "SparkSession", plan: WindowPlan, kafka_config: Mapping, transform, *, url: str,
                      attempt: Attempt, run: str, max_records_per_task: int, read_options: Mapping | None,
-                     reader: str):
+                     reader: str, cleanup: ExitStack):
     """The window's records as the stage job reads them (exactly the plan) with
     the transform applied: (the output DataFrame, the loaded transform or None,
     the ObservedRead of the read or None). ``reader``: ``"spark"``, Spark's own
@@ -178,7 +179,9 @@ def read_transformed(spark: "SparkSession", plan: WindowPlan, kafka_config: Mapp
     An Avro source (``read_options`` has the plan's reader schema and the
     registry): the transform receives the records that decoded; each one that
     did not joins its output as a dead letter with the decoder's reason
-    (avro_columns.with_decode_failures)."""
+    (avro_columns.with_decode_failures). Both come from the records persisted
+    (unpersisted by ``cleanup``, once the job is done), so Kafka is read and
+    the values decoded once, not once for each."""
     from airflow_eos.spark.layout import records_as_read
     from airflow_eos.spark.staging_source import register
     from airflow_eos.spark.transform import load_transform
@@ -200,6 +203,8 @@ def read_transformed(spark: "SparkSession", plan: WindowPlan, kafka_config: Mapp
     if (read_options or {}).get("avro_reader_schema") is not None:
         from airflow_eos.spark.avro_columns import decoded_apart
 
+        records = records.persist()
+        cleanup.callback(records.unpersist)
         records, failed = decoded_apart(records)
     out = records_as_read(records) if fn is None else fn(records)
     if not hasattr(out, "write") or not hasattr(out, "columns"):

@@ -174,3 +174,26 @@ def test_an_unreachable_registry_fails_the_stage_and_a_retry_publishes(spark, pg
     assert_window(pg_url, expected)
     report = verify(ledger, kafka_config, target, PIPELINE)
     assert report.clean, str(report)
+
+
+def test_an_avro_window_into_files_dead_letters_its_bad_records_the_same_way(spark, pg_url, ledger, kafka_config,
+                                                                              schema_registry, avro_topic, tmp_path):
+    """The file target stages with Spark's Parquet writer, its dead letters by a path of its own."""
+    from airflow_eos import FileTarget
+
+    topic, expected = avro_topic
+    root = tmp_path / "lake"
+    root.mkdir()
+    target = FileTarget(path=str(root), ledger_url=pg_url)
+    sink = target.sink()
+    plan = plan_window(ledger, kafka_config, schema_registry.address, topic)
+    stage_and_commit(spark, sink, plan, kafka_config, {"url": schema_registry.address})
+    rows = {(r.eos_partition, r.eos_offset): {"id": r.id, "amount": r.amount, "note": r.note}
+            for r in spark.read.parquet(str(root)).collect()}
+    assert rows == {k: v for k, v in expected.items() if isinstance(v, dict)}
+    with psycopg.connect(pg_url) as conn:
+        letters = conn.execute('SELECT partition, "offset", error FROM eos.dead_letters').fetchall()
+    assert {(p, o) for p, o, _ in letters} == {k for k, v in expected.items() if isinstance(v, str)}
+    assert all(expected[(p, o)] in error for p, o, error in letters)
+    report = verify(ledger, kafka_config, target, PIPELINE)
+    assert report.clean, str(report)

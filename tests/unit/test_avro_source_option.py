@@ -58,3 +58,35 @@ def test_a_reader_schema_that_is_not_a_record_is_refused(schema):
 def test_the_repr_names_the_format_not_the_schema():
     source = KafkaSource(topics=["orders"], value_format="avro", schema_registry_conn_id="r", reader_schema=ORDER)
     assert "value_format='avro'" in repr(source) and "reader_schema=given" in repr(source)
+
+
+def test_an_avro_source_reaches_the_plan_its_trigger_and_the_stage():
+    from datetime import datetime, timezone
+
+    from airflow.sdk import DAG
+
+    from airflow_eos import PostgresTarget, exactly_once_window
+    from airflow_eos.operators.eos import EosSparkStageOperator
+    from airflow_eos.triggers.eos import WindowClosedTrigger
+
+    source = KafkaSource(topics=["orders"], value_format="avro", schema_registry_conn_id="sr", reader_schema=ORDER)
+    target = PostgresTarget(table="analytics.orders")
+    with DAG("avro", schedule="@hourly", start_date=datetime(2026, 1, 1, tzinfo=timezone.utc)) as dag:
+        exactly_once_window(pipeline="orders_avro", source=source, target=target, transform="pkg.mod:fn")
+        with pytest.raises(ValueError, match="an Avro source is read by reader 'python'"):
+            EosSparkStageOperator(task_id="s", plan={}, source=source, target=target, reader="spark")
+    kwargs = dag.get_task("window.plan")._plan_kwargs
+    assert (kwargs["schema_registry_conn_id"], kwargs["reader_schema"]) == ("sr", source.reader_schema)
+    serialized = WindowClosedTrigger(poll_interval=5, **kwargs).serialize()[1]
+    assert json.loads(json.dumps(serialized))["reader_schema"] == source.reader_schema
+    assert dag.get_task("window.stage").source.is_avro
+
+
+def test_a_plan_carries_its_frozen_reader_schema_and_a_raw_plan_is_unchanged():
+    from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
+
+    window = Window("p", "2026-01-01T00:00:00+00:00", "2026-01-01T01:00:00+00:00")
+    raw = WindowPlan(window, (PartitionRange("orders", 0, 0, 5),))
+    assert "reader_schema" not in raw.to_dict() and WindowPlan.from_json(raw.to_json()) == raw
+    avro = WindowPlan(window, raw.ranges, json.dumps(ORDER))
+    assert WindowPlan.from_json(avro.to_json()) == avro and avro != raw
