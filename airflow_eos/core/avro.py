@@ -10,6 +10,9 @@ each decodes to a ``Decoded`` with the reason, for the dead letters. What the
 registry decides is: unreachable, or answering with an error other than "no such
 schema", it raises SourceUnavailable, and the read fails (to be retried).
 
+Also what a KafkaSource says of its values (ValueFormat, a reader schema that
+must be a record) and the reader schema a plan freezes (latest_reader_schema).
+
 No confluent_kafka or fastavro import at module level: the core is imported by
 processes that never decode Avro.
 """
@@ -22,9 +25,44 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from airflow_eos.core.errors import ConfigurationError, SourceUnavailable
+
+
+class ValueFormat(str, Enum):
+    """What a source's record values are: ``RAW`` bytes, handed to the transform
+    as read, or ``AVRO`` in Confluent's wire format, decoded into columns."""
+
+    RAW = "raw"
+    AVRO = "avro"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def as_value_format(value: "ValueFormat | str") -> ValueFormat:
+    """A ValueFormat, or its name in any case."""
+    try:
+        return ValueFormat(str(value).lower())
+    except ValueError:
+        raise ConfigurationError(f"value_format must be one of {[f.value for f in ValueFormat]}, "
+                                 f"got {value!r}") from None
+
+
+def record_schema_json(schema: "str | dict") -> str:
+    """An Avro record schema (JSON text or its dict) as JSON text; refuses
+    anything else: a reader schema's fields are the columns the transform gets."""
+    try:
+        parsed = json.loads(schema) if isinstance(schema, str) else schema
+    except ValueError as exc:
+        raise ConfigurationError(f"reader_schema is not JSON: {exc}") from None
+    if not isinstance(parsed, dict) or parsed.get("type") != "record" or not isinstance(parsed.get("fields"), list):
+        raise ConfigurationError("reader_schema must be an Avro record schema (type 'record' with its fields: they "
+                                 f"are the columns the transform receives), got {str(schema)[:200]}")
+    return json.dumps(parsed, separators=(",", ":"))
+
 
 MAGIC_BYTE = 0
 HEADER = struct.Struct(">bI")  # the magic byte, the schema id

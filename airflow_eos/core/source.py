@@ -12,7 +12,6 @@ and timestamp are what the fetch returned.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -20,9 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from enum import Enum
 from typing import Any, Protocol
 
+from airflow_eos.core.avro import ValueFormat, as_value_format, record_schema_json
 from airflow_eos.core.client_settings import masked, refuse_inline_secrets
 from airflow_eos.core.errors import ConfigurationError, OffsetsExpired, SourceUnavailable, UnknownTopic
 from airflow_eos.core.kafka_client import client_errors, client_logging, consumer_config, reader
@@ -49,38 +48,6 @@ def normalise_topics(topics, pipeline: str = "") -> tuple[str, ...]:
     return tuple(sorted(topics))
 
 
-class ValueFormat(str, Enum):
-    """What a source's record values are: ``RAW`` bytes, handed to the transform
-    as read, or ``AVRO`` in Confluent's wire format, decoded into columns."""
-
-    RAW = "raw"
-    AVRO = "avro"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-def value_format(value: "ValueFormat | str") -> ValueFormat:
-    try:
-        return ValueFormat(str(value).lower())
-    except ValueError:
-        raise ConfigurationError(f"value_format must be one of {[f.value for f in ValueFormat]}, "
-                                 f"got {value!r}") from None
-
-
-def record_schema_json(schema: "str | dict") -> str:
-    """An Avro record schema (JSON text or its dict) as JSON text; refuses
-    anything else: a reader schema's fields are the columns the transform gets."""
-    try:
-        parsed = json.loads(schema) if isinstance(schema, str) else schema
-    except ValueError as exc:
-        raise ConfigurationError(f"reader_schema is not JSON: {exc}") from None
-    if not isinstance(parsed, dict) or parsed.get("type") != "record" or not isinstance(parsed.get("fields"), list):
-        raise ConfigurationError("reader_schema must be an Avro record schema (type 'record' with its fields: they "
-                                 f"are the columns the transform receives), got {str(schema)[:200]}")
-    return json.dumps(parsed, separators=(",", ":"))
-
-
 @dataclass(frozen=True)
 class KafkaSource:
     """Where a pipeline reads: its topics, on the cluster of an Airflow ``kafka``
@@ -105,7 +72,7 @@ class KafkaSource:
         object.__setattr__(self, "topics", normalise_topics(self.topics))
         object.__setattr__(self, "reader_config", dict(self.reader_config or {}))
         refuse_inline_secrets(self.reader_config, "KafkaSource(reader_config=...)")
-        object.__setattr__(self, "value_format", value_format(self.value_format))
+        object.__setattr__(self, "value_format", as_value_format(self.value_format))
         if self.value_format is ValueFormat.RAW:
             if self.schema_registry_conn_id is not None or self.reader_schema is not None:
                 raise ConfigurationError("schema_registry_conn_id and reader_schema are for an Avro source: "
