@@ -73,3 +73,36 @@ def test_the_password_travels_as_an_option_spark_redacts():
     assert registry_settings(options) == config
     settings = ReadSettings.from_options(options)
     assert dict(settings.registry_config) == config and SECRET not in repr(settings)
+
+
+def test_spark_submit_gets_the_registry_in_its_environment_never_on_its_command_line():
+    from airflow_eos.core.attempt import Attempt
+    from airflow_eos.spark.submit import registry_config_from_environment, stage_job_arguments, stage_job_environment
+    from airflow_eos.targets.postgres.target import PostgresTarget
+
+    config = {"url": "http://registry:8081", "basic.auth.user.info": f"eos:{SECRET}"}
+    target = PostgresTarget(url="postgresql://eos@127.0.0.1/db", table="orders")
+    env = stage_job_environment(target, {"bootstrap.servers": "k:9092"}, local=False, registry_config=config)
+    assert registry_config_from_environment(env) == config
+    assert registry_config_from_environment(stage_job_environment(target, {}, local=False)) is None
+    plan = WindowPlan(Window("p", "2024-01-01T00:00:00+00:00", "2024-01-01T01:00:00+00:00"), (), '{"type":"record"}')
+    attempt = Attempt("p", plan.window.start, plan.window.end, 1, "staging")
+    assert SECRET not in " ".join(stage_job_arguments(plan, attempt, max_records_per_task=1, max_bad_records=0,
+                                                      transform=None))
+
+
+def test_a_stage_refuses_a_value_format_other_than_its_plans():
+    from airflow_eos.spark.stage import _with_decoding
+
+    window = Window("p", "2024-01-01T00:00:00+00:00", "2024-01-01T01:00:00+00:00")
+    raw, avro = WindowPlan(window), WindowPlan(window, (), '{"type":"record"}')
+    registry = {"url": "http://registry:8081"}
+    assert _with_decoding(raw, "python", {"end_grace_s": 1}, None) == {"end_grace_s": 1}
+    assert _with_decoding(avro, "python", None, registry) == {"avro_reader_schema": avro.reader_schema,
+                                                             "registry_config": registry}
+    with pytest.raises(ConfigurationError, match="planned with raw values but the stage has schema registry"):
+        _with_decoding(raw, "python", None, registry)
+    with pytest.raises(ConfigurationError, match="planned with Avro values but the stage has no schema registry"):
+        _with_decoding(avro, "python", None, None)
+    with pytest.raises(ConfigurationError, match="read by reader 'python'"):
+        _with_decoding(avro, "spark", None, registry)
