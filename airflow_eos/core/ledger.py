@@ -374,10 +374,12 @@ class Ledger:
                 'INSERT INTO eos.cuts (pipeline, topic, partition, at, "offset", how) VALUES (%s, %s, %s, %s, %s, %s)',
                 [(w.pipeline, c.tp.topic, c.tp.partition, c.at, c.offset, c.how) for c in new_cuts],
             )
-            cur.execute(
-                "INSERT INTO eos.windows (pipeline, window_start, window_end, reader_schema) VALUES (%s, %s, %s, %s)",
-                (w.pipeline, w.start, w.end, plan.reader_schema),
-            )
+            if plan.reader_schema is None:  # a raw plan is written as before migration 13
+                cur.execute("INSERT INTO eos.windows (pipeline, window_start, window_end) VALUES (%s, %s, %s)",
+                            (w.pipeline, w.start, w.end))
+            else:
+                cur.execute("INSERT INTO eos.windows (pipeline, window_start, window_end, reader_schema)"
+                            " VALUES (%s, %s, %s, %s)", (w.pipeline, w.start, w.end, plan.reader_schema))
             cur.executemany(
                 "INSERT INTO eos.window_ranges (pipeline, window_start, topic, partition, start_offset, end_offset)"
                 " VALUES (%s, %s, %s, %s, %s, %s)",
