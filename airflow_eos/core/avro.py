@@ -10,6 +10,9 @@ each decodes to a ``Decoded`` with the reason, for the dead letters. What the
 registry decides is: unreachable, or answering with an error other than "no such
 schema", it raises SourceUnavailable, and the read fails (to be retried).
 
+Also what a KafkaSource says of its values (ValueFormat, a reader schema that
+must be a record) and the reader schema a plan freezes (latest_reader_schema).
+
 No confluent_kafka or fastavro import at module level: the core is imported by
 processes that never decode Avro.
 """
@@ -22,9 +25,44 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from airflow_eos.core.errors import ConfigurationError, SourceUnavailable
+
+
+class ValueFormat(str, Enum):
+    """What a source's record values are: ``RAW`` bytes, handed to the transform
+    as read, or ``AVRO`` in Confluent's wire format, decoded into columns."""
+
+    RAW = "raw"
+    AVRO = "avro"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def as_value_format(value: "ValueFormat | str") -> ValueFormat:
+    """A ValueFormat, or its name in any case."""
+    try:
+        return ValueFormat(str(value).lower())
+    except ValueError:
+        raise ConfigurationError(f"value_format must be one of {[f.value for f in ValueFormat]}, "
+                                 f"got {value!r}") from None
+
+
+def record_schema_json(schema: "str | dict") -> str:
+    """An Avro record schema (JSON text or its dict) as JSON text; refuses
+    anything else: a reader schema's fields are the columns the transform gets."""
+    try:
+        parsed = json.loads(schema) if isinstance(schema, str) else schema
+    except ValueError as exc:
+        raise ConfigurationError(f"reader_schema is not JSON: {exc}") from None
+    if not isinstance(parsed, dict) or parsed.get("type") != "record" or not isinstance(parsed.get("fields"), list):
+        raise ConfigurationError("reader_schema must be an Avro record schema (type 'record' with its fields: they "
+                                 f"are the columns the transform receives), got {str(schema)[:200]}")
+    return json.dumps(parsed, separators=(",", ":"))
+
 
 MAGIC_BYTE = 0
 HEADER = struct.Struct(">bI")  # the magic byte, the schema id
@@ -123,9 +161,43 @@ class AvroDecoder:
         return Decoded(record=record, schema_id=schema_id)
 
 
-def registry_lookup(client) -> SchemaLookup:
+# What the registry's messages advise: the stage fails and is retried; an operator checks this.
+REGISTRY_ADVICE = ("check that the registry runs and that the source's eos_schema_registry connection points at "
+                   "it; the read fails and is retried, nothing of it is published")
+DEFAULT_TIMEOUT_S = 10
+
+
+def registry_address(config: dict) -> str:
+    """The registry URL of SchemaRegistryClient settings, without credentials: what messages name."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = str(config.get("url") or "")
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
+
+
+# SchemaRegistryClient's settings that are numbers (Spark options carry them as text)
+NUMERIC_SETTINGS = frozenset({"timeout", "cache.capacity", "cache.latest.ttl.sec", "max.retries", "retries.wait.ms",
+                              "retries.max.wait.ms"})
+
+
+def registry_client(config: dict):
+    """confluent-kafka's SchemaRegistryClient of ``config`` (a request timeout by default)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    settings = {key: float(value) if key in NUMERIC_SETTINGS and isinstance(value, str) else value
+                for key, value in {"timeout": DEFAULT_TIMEOUT_S, **config}.items()}
+    return SchemaRegistryClient(settings)
+
+
+def registry_lookup(client, address: str = "") -> SchemaLookup:
     """A SchemaLookup over confluent-kafka's SchemaRegistryClient: None for an id
-    the registry says it does not have; SourceUnavailable when it cannot answer."""
+    the registry says it does not have; SourceUnavailable when it cannot answer.
+    ``address``: the registry's URL without credentials, for the messages."""
+    where = f" at {address}" if address else ""
 
     def lookup(schema_id: int) -> tuple[str, str] | None:
         from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -135,26 +207,47 @@ def registry_lookup(client) -> SchemaLookup:
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
                 return None
-            raise SourceUnavailable(f"the schema registry answered schema id {schema_id} with {exc}") from exc
+            raise SourceUnavailable(f"the schema registry{where} answered schema id {schema_id} with {exc}: "
+                                    f"{REGISTRY_ADVICE}") from exc
         except Exception as exc:  # the HTTP client's own errors: refused, timed out, TLS
-            raise SourceUnavailable(f"the schema registry did not answer for schema id {schema_id}: "
-                                    f"{type(exc).__name__}: {exc}") from exc
+            raise SourceUnavailable(f"the schema registry{where} did not answer for schema id {schema_id}: "
+                                    f"{type(exc).__name__}: {exc}; {REGISTRY_ADVICE}") from exc
         return schema.schema_type or "AVRO", schema.schema_str
 
     return lookup
 
 
-def latest_schema(client, subject: str) -> tuple[int, str]:
-    """``(id, text)`` of the subject's latest version: the reader schema a plan freezes."""
+def latest_schema(client, subject: str, address: str = "") -> tuple[int, str]:
+    """``(id, text)`` of the subject's latest version: the reader schema a plan is to freeze."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+    where = f" at {address}" if address else ""
     try:
         registered = client.get_latest_version(subject)
     except SchemaRegistryError as exc:
         if exc.http_status_code == 404:
-            raise ConfigurationError(f"the schema registry has no subject {subject!r}") from exc
-        raise SourceUnavailable(f"the schema registry answered subject {subject!r} with {exc}") from exc
+            raise ConfigurationError(f"the schema registry{where} has no subject {subject!r}: register the "
+                                     "topic's value schema, or give the source a reader_schema") from exc
+        raise SourceUnavailable(f"the schema registry{where} answered subject {subject!r} with {exc}") from exc
     except Exception as exc:
-        raise SourceUnavailable(f"the schema registry did not answer for subject {subject!r}: "
+        raise SourceUnavailable(f"the schema registry{where} did not answer for subject {subject!r}: "
                                 f"{type(exc).__name__}: {exc}") from exc
     return registered.schema_id, registered.schema.schema_str
+
+
+def latest_reader_schema(config: dict, subjects: tuple[str, ...]) -> str:
+    """The reader schema a plan freezes when the source names none: the latest
+    schema of each subject, which must be one record schema for them all."""
+    client, address = registry_client(config), registry_address(config)
+    found = {subject: latest_schema(client, subject, address) for subject in subjects}
+    texts = {json.dumps(json.loads(text), sort_keys=True) for _, text in found.values()}
+    if len(texts) > 1:
+        raise ConfigurationError(
+            "the latest value schemas of the source's topics differ ("
+            + ", ".join(f"{subject}: id {schema_id}" for subject, (schema_id, _) in found.items())
+            + "): one reader schema decodes a window; give the source a reader_schema they all resolve to")
+    schema = json.loads(next(iter(found.values()))[1])
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        raise ConfigurationError(f"the latest schema of {subjects[0]!r} is not an Avro record: give the source "
+                                 "a reader_schema that is one")
+    return json.dumps(schema, separators=(",", ":"))

@@ -15,7 +15,7 @@ from airflow_eos.core.source import KafkaSource
 from airflow_eos.core.target import DEFAULT_CONN_IDS, SPARK, TargetSpec, as_spec
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.operators.base import TargetHooks
-from airflow_eos.spark.submit import DEFAULT_READER, READERS
+from airflow_eos.spark.submit import DEFAULT_READER, PYTHON_READER, READERS
 from airflow_eos.spark.transform import check_transform, parse_transform
 
 # The hooks and the steps are imported when a task runs: they load the Kafka and
@@ -105,6 +105,9 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
             raise ValueError("max_records_per_task must be >= 1 and max_bad_records >= 0")
         if reader not in READERS:
             raise ValueError(f"reader must be one of {list(READERS)}, got {reader!r}")
+        if source.is_avro and reader != PYTHON_READER:
+            raise ValueError(f"an Avro source is read by reader {PYTHON_READER!r} (the eos_kafka source decodes it), "
+                             f"not {reader!r}")
         self.plan = plan
         self.source = source
         self.target = as_spec(target)
@@ -142,6 +145,15 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
     def kafka_config(self) -> dict[str, Any]:
         return {**self.kafka_hook.kafka_config, **self.source.reader_config}
 
+    @cached_property
+    def registry_config(self) -> dict[str, Any] | None:
+        """An Avro source's schema registry settings (None: raw values)."""
+        if not self.source.is_avro:
+            return None
+        from airflow_eos.hooks.schema_registry import EosSchemaRegistryHook
+
+        return EosSchemaRegistryHook(self.source.schema_registry_conn_id).registry_config
+
     def execute(self, context) -> dict:
         from airflow_eos import steps
         from airflow_eos.hooks.eos import failing_terminally
@@ -164,7 +176,8 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
         return self.spark_hook.run(plan, attempt, target=self.target_hook.bound, sink=self.sink,
                                    kafka_config=self.kafka_config, transform=self.transform,
                                    max_records_per_task=self.max_records_per_task,
-                                   max_bad_records=self.max_bad_records, reader=self.reader)
+                                   max_bad_records=self.max_bad_records, reader=self.reader,
+                                   registry_config=self.registry_config)
 
     def on_kill(self) -> None:
         self.spark_hook.on_kill()

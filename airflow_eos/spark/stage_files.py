@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 from collections.abc import Mapping
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from airflow_eos.core.attempt import Attempt
@@ -51,7 +52,7 @@ log = logging.getLogger("airflow_eos.spark.stage")
 def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink, output: SparkOutput,
                 kafka_config: Mapping[str, Any], transform, *, run: str, started: float,
                 max_records_per_task: int, max_bad_records: int,
-                read_options: Mapping[str, Any] | None, reader: str) -> StageReport:
+                read_options: Mapping[str, Any] | None, reader: str, cleanup: ExitStack) -> StageReport:
     """Stage into a sink that takes files (``output``, see Sink.spark_output)
     with Spark's own Parquet writer: the rows never pass through Python.
 
@@ -67,7 +68,7 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
     log_plan(plan)
     rows, layout, observation = _transformed_rows(spark, plan, attempt, target, output, kafka_config, transform,
                                                   run=run, max_records_per_task=max_records_per_task,
-                                                  read_options=read_options, reader=reader)
+                                                  read_options=read_options, reader=reader, cleanup=cleanup)
     setup = time.perf_counter()
     log.info("%s: set up in %.2fs; writing %d column(s) %s (read + transform + write, then the checkpoint)",
              attempt, setup - started, len(layout.staged), list(layout.staged))
@@ -84,7 +85,8 @@ def stage_files(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, targe
 
 def _transformed_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink, output: SparkOutput,
                       kafka_config: Mapping[str, Any], transform, *, run: str, max_records_per_task: int,
-                      read_options: Mapping[str, Any] | None, reader: str) -> tuple["DataFrame", Layout, Any]:
+                      read_options: Mapping[str, Any] | None, reader: str,
+                      cleanup: ExitStack) -> tuple["DataFrame", Layout, Any]:
     """The transform's output over the planned ranges, shaped for the files, its
     Layout and the ObservedRead of the read (None: the eos_kafka source's), once
     the files an earlier run of the job left are deleted; a failure here aborts
@@ -95,7 +97,7 @@ def _transformed_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt,
             log.info("%s: deleted %d file(s) an earlier run of the stage job left in its staging", attempt, cleared)
         out, fn, observation = read_transformed(spark, plan, kafka_config, transform, url=target.ledger.url,
                                                 attempt=attempt, run=run, max_records_per_task=max_records_per_task,
-                                                read_options=read_options, reader=reader)
+                                                read_options=read_options, reader=reader, cleanup=cleanup)
         return (*_file_rows(out, output, target, strict=fn is not None), observation)
     except Exception as exc:
         abort_after_failure(target, attempt, f"stage job run {run} failed before writing: {exc}")

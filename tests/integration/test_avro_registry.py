@@ -120,3 +120,22 @@ def test_a_writer_schema_is_asked_of_the_registry_once(schema_registry, topic):
     values = [serialize(url, topic, V1, {"id": i, "amount": 1.0}) for i in range(50)]
     assert all(decoder.decode(v).error is None for v in values)
     assert len(asked) == 1
+
+
+def test_the_reader_schema_a_plan_freezes_is_the_latest_the_topics_agree_on(schema_registry):
+    from airflow_eos.core.avro import latest_reader_schema
+
+    url = schema_registry.address
+    a, b, c = (f"orders-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    register(url, f"{a}-value", V1)
+    register(url, f"{a}-value", V2)
+    register(url, f"{b}-value", V2)
+    register(url, f"{c}-value", V1)
+    assert json.loads(latest_reader_schema({"url": url}, (f"{a}-value", f"{b}-value"))) == V2
+    with pytest.raises(ConfigurationError, match="latest value schemas of the source's topics differ"):
+        latest_reader_schema({"url": url}, (f"{a}-value", f"{c}-value"))
+    with pytest.raises(ConfigurationError, match="has no subject .*give the source a reader_schema"):
+        latest_reader_schema({"url": url}, ("nobody-value",))
+    with pytest.raises(SourceUnavailable, match=r"registry at http://127\.0\.0\.1:9/x did not answer") as down:
+        latest_reader_schema({"url": "http://eos:s3cr3t@127.0.0.1:9/x", "max.retries": 0}, (f"{a}-value",))
+    assert "s3cr3t" not in str(down.value)

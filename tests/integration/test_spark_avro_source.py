@@ -92,6 +92,20 @@ def test_an_unreachable_registry_fails_the_read(spark, kafka_config, schema_regi
     topic, expected = avro_topic
     df = read_plan(spark, _plan(topic, expected), kafka_config, avro_reader_schema=json.dumps(V2),
                    registry_config={"url": f"http://127.0.0.1:{free_port()}/apis/ccompat/v6"})
-    with pytest.raises(Exception, match="schema registry did not answer") as failure:
+    with pytest.raises(Exception, match=r"schema registry at http://127\.0\.0\.1:\d+/apis/ccompat/v6 did not "
+                                        "answer") as failure:
         df.collect()
     assert SourceUnavailable.__name__ in str(failure.value)
+
+
+def test_the_registry_password_is_redacted_in_the_plans_spark_shows(spark, kafka_config, schema_registry, avro_topic):
+    """The query plans Spark's UI and event log show name the eos_kafka scan, none of its options: not the
+    password (whose option name also matches spark.redaction.regex, where Spark lists options)."""
+    from airflow_eos.spark import read_plan
+
+    topic, expected = avro_topic
+    df = read_plan(spark, _plan(topic, expected), kafka_config, avro_reader_schema=json.dumps(V2),
+                   registry_config={"url": schema_registry.address, "basic.auth.user.info": "eos:s3cr3t-Pa55"})
+    execution = df._jdf.queryExecution()
+    shown = execution.toString() + execution.executedPlan().toString()
+    assert "BatchScan eos_kafka" in shown and "s3cr3t-Pa55" not in shown
