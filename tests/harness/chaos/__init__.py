@@ -79,6 +79,8 @@ from harness.chaos.pipeline import (
 from harness.chaos.schedules import Schedule, run_schedule
 from harness.chaos.source import (
     HOUR,
+    AvroSource,
+    avro_source_records,
     T0,
     TARGET_DDL,
     create_target_table,
@@ -100,7 +102,7 @@ __all__ = [
     "TARGET_DDL", "TARGET_POINTS", "HOUR",
     "Harness", "Pipeline", "RunOutcome", "Schedule", "SparkStager", "StepFailed", "Verdict", "Zombie",
     "NotReady", "attempt_states", "published_lineage", "kafka_records", "mirrored_offsets",
-    "python_job", "skewed_source_records", "slug",
+    "python_job", "skewed_source_records", "slug", "AvroSource", "avro_source_records",
     "abort_step", "await_step", "check", "commit_step", "create_target_table", "create_topic", "delete_topic",
     "faults_for", "plan_step", "produce", "record_value", "run_schedule", "run_step", "source_records",
     "spark_transform",
