@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it: the source, the task group, and each target kind's spec class
 _PUBLIC = {
     "KafkaSource": "airflow_eos.core.source",
+    "ValueFormat": "airflow_eos.core.source",
     "exactly_once_window": "airflow_eos.window",
     **{where.partition(":")[2]: where.partition(":")[0] for where in BUILTIN_KINDS.values()},
 }

@@ -33,8 +33,11 @@ def get_provider_info() -> dict:
         "operators": [{"integration-name": "airflow-eos", "python-modules": ["airflow_eos.operators.eos"]}],
         "sensors": [{"integration-name": "airflow-eos", "python-modules": ["airflow_eos.sensors.eos"]}],
         "triggers": [{"integration-name": "airflow-eos", "python-modules": ["airflow_eos.triggers.eos"]}],
-        # The connections are the Kafka, Postgres and Spark providers' own types
-        # (kafka, postgres, spark); these hooks only read them.
+        # The Kafka, Postgres and Spark connections are those providers' own types
+        # (kafka, postgres, spark); the schema registry of an Avro source is ours.
         "hooks": [{"integration-name": "airflow-eos",
-                   "python-modules": ["airflow_eos.hooks.eos", "airflow_eos.hooks.spark_stage"]}],
+                   "python-modules": ["airflow_eos.hooks.eos", "airflow_eos.hooks.spark_stage",
+                                      "airflow_eos.hooks.schema_registry"]}],
+        "connection-types": [{"connection-type": "eos_schema_registry",
+                              "hook-class-name": "airflow_eos.hooks.schema_registry.EosSchemaRegistryHook"}],
     }

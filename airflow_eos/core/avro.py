@@ -123,9 +123,36 @@ class AvroDecoder:
         return Decoded(record=record, schema_id=schema_id)
 
 
-def registry_lookup(client) -> SchemaLookup:
+# What the registry's messages advise: the stage fails and is retried; an operator checks this.
+REGISTRY_ADVICE = ("check that the registry runs and that the source's eos_schema_registry connection points at "
+                   "it; the read fails and is retried, nothing of it is published")
+DEFAULT_TIMEOUT_S = 10
+
+
+def registry_address(config: dict) -> str:
+    """The registry URL of SchemaRegistryClient settings, without credentials: what messages name."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = str(config.get("url") or "")
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
+
+
+def registry_client(config: dict):
+    """confluent-kafka's SchemaRegistryClient of ``config`` (a request timeout by default)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient({"timeout": DEFAULT_TIMEOUT_S, **config})
+
+
+def registry_lookup(client, address: str = "") -> SchemaLookup:
     """A SchemaLookup over confluent-kafka's SchemaRegistryClient: None for an id
-    the registry says it does not have; SourceUnavailable when it cannot answer."""
+    the registry says it does not have; SourceUnavailable when it cannot answer.
+    ``address``: the registry's URL without credentials, for the messages."""
+    where = f" at {address}" if address else ""
 
     def lookup(schema_id: int) -> tuple[str, str] | None:
         from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -135,26 +162,47 @@ def registry_lookup(client) -> SchemaLookup:
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
                 return None
-            raise SourceUnavailable(f"the schema registry answered schema id {schema_id} with {exc}") from exc
+            raise SourceUnavailable(f"the schema registry{where} answered schema id {schema_id} with {exc}: "
+                                    f"{REGISTRY_ADVICE}") from exc
         except Exception as exc:  # the HTTP client's own errors: refused, timed out, TLS
-            raise SourceUnavailable(f"the schema registry did not answer for schema id {schema_id}: "
-                                    f"{type(exc).__name__}: {exc}") from exc
+            raise SourceUnavailable(f"the schema registry{where} did not answer for schema id {schema_id}: "
+                                    f"{type(exc).__name__}: {exc}; {REGISTRY_ADVICE}") from exc
         return schema.schema_type or "AVRO", schema.schema_str
 
     return lookup
 
 
-def latest_schema(client, subject: str) -> tuple[int, str]:
-    """``(id, text)`` of the subject's latest version: the reader schema a plan freezes."""
+def latest_schema(client, subject: str, address: str = "") -> tuple[int, str]:
+    """``(id, text)`` of the subject's latest version: the reader schema a plan is to freeze."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+    where = f" at {address}" if address else ""
     try:
         registered = client.get_latest_version(subject)
     except SchemaRegistryError as exc:
         if exc.http_status_code == 404:
-            raise ConfigurationError(f"the schema registry has no subject {subject!r}") from exc
-        raise SourceUnavailable(f"the schema registry answered subject {subject!r} with {exc}") from exc
+            raise ConfigurationError(f"the schema registry{where} has no subject {subject!r}: register the "
+                                     "topic's value schema, or give the source a reader_schema") from exc
+        raise SourceUnavailable(f"the schema registry{where} answered subject {subject!r} with {exc}") from exc
     except Exception as exc:
-        raise SourceUnavailable(f"the schema registry did not answer for subject {subject!r}: "
+        raise SourceUnavailable(f"the schema registry{where} did not answer for subject {subject!r}: "
                                 f"{type(exc).__name__}: {exc}") from exc
     return registered.schema_id, registered.schema.schema_str
+
+
+def latest_reader_schema(config: dict, subjects: tuple[str, ...]) -> str:
+    """The reader schema a plan freezes when the source names none: the latest
+    schema of each subject, which must be one record schema for them all."""
+    client, address = registry_client(config), registry_address(config)
+    found = {subject: latest_schema(client, subject, address) for subject in subjects}
+    texts = {json.dumps(json.loads(text), sort_keys=True) for _, text in found.values()}
+    if len(texts) > 1:
+        raise ConfigurationError(
+            "the latest value schemas of the source's topics differ ("
+            + ", ".join(f"{subject}: id {schema_id}" for subject, (schema_id, _) in found.items())
+            + "): one reader schema decodes a window; give the source a reader_schema they all resolve to")
+    schema = json.loads(next(iter(found.values()))[1])
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        raise ConfigurationError(f"the latest schema of {subjects[0]!r} is not an Avro record: give the source "
+                                 "a reader_schema that is one")
+    return json.dumps(schema, separators=(",", ":"))

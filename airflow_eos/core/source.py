@@ -12,6 +12,7 @@ and timestamp are what the fetch returned.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
 from typing import Any, Protocol
 
 from airflow_eos.core.client_settings import masked, refuse_inline_secrets
@@ -47,24 +49,87 @@ def normalise_topics(topics, pipeline: str = "") -> tuple[str, ...]:
     return tuple(sorted(topics))
 
 
+class ValueFormat(str, Enum):
+    """What a source's record values are: ``RAW`` bytes, handed to the transform
+    as read, or ``AVRO`` in Confluent's wire format, decoded into columns."""
+
+    RAW = "raw"
+    AVRO = "avro"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def value_format(value: "ValueFormat | str") -> ValueFormat:
+    try:
+        return ValueFormat(str(value).lower())
+    except ValueError:
+        raise ConfigurationError(f"value_format must be one of {[f.value for f in ValueFormat]}, "
+                                 f"got {value!r}") from None
+
+
+def record_schema_json(schema: "str | dict") -> str:
+    """An Avro record schema (JSON text or its dict) as JSON text; refuses
+    anything else: a reader schema's fields are the columns the transform gets."""
+    try:
+        parsed = json.loads(schema) if isinstance(schema, str) else schema
+    except ValueError as exc:
+        raise ConfigurationError(f"reader_schema is not JSON: {exc}") from None
+    if not isinstance(parsed, dict) or parsed.get("type") != "record" or not isinstance(parsed.get("fields"), list):
+        raise ConfigurationError("reader_schema must be an Avro record schema (type 'record' with its fields: they "
+                                 f"are the columns the transform receives), got {str(schema)[:200]}")
+    return json.dumps(parsed, separators=(",", ":"))
+
+
 @dataclass(frozen=True)
 class KafkaSource:
     """Where a pipeline reads: its topics, on the cluster of an Airflow ``kafka``
     connection (its extra is the librdkafka config), plus reader settings that
-    override the connection's (e.g. larger fetch sizes for the stage job)."""
+    override the connection's (e.g. larger fetch sizes for the stage job).
+
+    ``value_format=ValueFormat.AVRO`` (or ``"avro"``): the values are Avro in
+    Confluent's wire format, decoded against a reader schema frozen with each
+    window's plan, writer schemas resolved by id through the schema registry of
+    ``schema_registry_conn_id`` (an ``eos_schema_registry`` connection).
+    ``reader_schema``: an Avro record schema (JSON text or dict); None: the
+    latest schema of subject ``<topic>-value`` when the window is planned."""
 
     topics: tuple[str, ...]
     kafka_conn_id: str = DEFAULT_CONN_IDS[KAFKA]
     reader_config: dict = field(default_factory=dict)
+    value_format: ValueFormat = ValueFormat.RAW
+    schema_registry_conn_id: str | None = None
+    reader_schema: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topics", normalise_topics(self.topics))
         object.__setattr__(self, "reader_config", dict(self.reader_config or {}))
         refuse_inline_secrets(self.reader_config, "KafkaSource(reader_config=...)")
+        object.__setattr__(self, "value_format", value_format(self.value_format))
+        if self.value_format is ValueFormat.RAW:
+            if self.schema_registry_conn_id is not None or self.reader_schema is not None:
+                raise ConfigurationError("schema_registry_conn_id and reader_schema are for an Avro source: "
+                                         "set value_format='avro' too (raw values are handed over as read)")
+            return
+        if not self.schema_registry_conn_id:
+            raise ConfigurationError("an Avro source (value_format='avro') needs schema_registry_conn_id: the "
+                                     "eos_schema_registry connection its writer schemas are resolved through")
+        if self.reader_schema is not None:
+            object.__setattr__(self, "reader_schema", record_schema_json(self.reader_schema))
+
+    @property
+    def is_avro(self) -> bool:
+        return self.value_format is ValueFormat.AVRO
+
+    def value_subjects(self) -> tuple[str, ...]:
+        """The registry subjects of the topics' values (Confluent's TopicNameStrategy)."""
+        return tuple(f"{topic}-value" for topic in self.topics)
 
     def __repr__(self) -> str:
+        avro = (f", value_format='avro', schema_registry_conn_id={self.schema_registry_conn_id!r}, "
+                f"reader_schema={'given' if self.reader_schema else 'latest'}") if self.is_avro else ""
         return (f"KafkaSource(topics={list(self.topics)!r}, kafka_conn_id={self.kafka_conn_id!r}, "
-                f"reader_config={masked(self.reader_config)!r})")
+                f"reader_config={masked(self.reader_config)!r}{avro})")
 
 
 @dataclass(frozen=True)

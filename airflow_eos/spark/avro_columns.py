@@ -11,6 +11,7 @@ window's plan: every rerun of a window has the same columns.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -140,14 +141,25 @@ def source_schema(kafka_schema: StructType, reader_schema: str | None) -> Struct
     return StructType([*kafka_schema.fields, *decoded.fields])
 
 
+_DECODERS: dict[tuple[str, tuple[tuple[str, str], ...]], AvroDecoder] = {}
+_DECODERS_LOCK = threading.Lock()
+
+
 def registry_decoder(reader_schema: str, registry_config: dict[str, str]) -> AvroDecoder:
-    """A decoder whose writer schemas come from the registry of ``registry_config``
-    (confluent-kafka's SchemaRegistryClient settings: ``url``, ...)."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
+    """The decoder of this process for ``reader_schema`` over the registry of
+    ``registry_config`` (SchemaRegistryClient's settings: ``url``, ...): one per
+    process, so a Python worker that reads several tasks resolves each writer
+    schema id once (a registered id's schema never changes)."""
+    from airflow_eos.core.avro import registry_address, registry_client, registry_lookup
 
-    from airflow_eos.core.avro import registry_lookup
-
-    return AvroDecoder(reader_schema, registry_lookup(SchemaRegistryClient(dict(registry_config))))
+    key = (reader_schema, tuple(sorted((k, str(v)) for k, v in registry_config.items())))
+    with _DECODERS_LOCK:
+        decoder = _DECODERS.get(key)
+        if decoder is None:
+            client = registry_client(dict(registry_config))
+            decoder = _DECODERS[key] = AvroDecoder(reader_schema,
+                                                   registry_lookup(client, registry_address(registry_config)))
+        return decoder
 
 
 def with_decoded(batch: "pa.RecordBatch", decoder: AvroDecoder, schema: StructType) -> "pa.RecordBatch":

@@ -40,7 +40,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader
@@ -80,6 +80,9 @@ OPT_POLL_TIMEOUT_S = "poll_timeout_s"
 OPT_REPORT = "report"
 OPT_AVRO_READER_SCHEMA = "avro.reader_schema"
 REGISTRY_PREFIX = "registry."
+BASIC_AUTH_USER_INFO = "basic.auth.user.info"  # SchemaRegistryClient's "user:password"
+BASIC_AUTH_USER = "basic.auth.username"
+BASIC_AUTH_PASSWORD = "basic.auth.password"
 REPORT_PREFIX = "report."
 KAFKA_PREFIX = "kafka."
 
@@ -108,8 +111,7 @@ def plan_options(
     options = {OPT_PLAN: plan.to_json()}
     if avro_reader_schema is not None:
         options[OPT_AVRO_READER_SCHEMA] = avro_reader_schema
-        for key, value in (registry_config or {}).items():
-            options[REGISTRY_PREFIX + key] = option_string(value)
+        options.update(registry_options(registry_config or {}))
     if report is not None:
         options[OPT_REPORT] = report
         for key, value in (report_options or {}).items():
@@ -121,6 +123,30 @@ def plan_options(
         if value is not None:
             options[name] = str(value)
     return options
+
+
+def registry_options(registry_config: Mapping[str, Any]) -> dict[str, str]:
+    """The ``registry.*`` options of SchemaRegistryClient settings. Basic auth's
+    ``user:password`` travels as two options, the password's name matching
+    Spark's ``spark.redaction.regex`` (``(?i)secret|password|token``), so Spark's
+    UI and logs show it redacted; the read task joins them again."""
+    options = {}
+    for key, value in registry_config.items():
+        if key == BASIC_AUTH_USER_INFO:
+            user, _, password = str(value).partition(":")
+            options[REGISTRY_PREFIX + BASIC_AUTH_USER] = user
+            options[REGISTRY_PREFIX + BASIC_AUTH_PASSWORD] = password
+        else:
+            options[REGISTRY_PREFIX + key] = option_string(value)
+    return options
+
+
+def registry_settings(options: Mapping[str, str]) -> dict[str, str]:
+    """The SchemaRegistryClient settings of the ``registry.*`` options (registry_options reversed)."""
+    config = {k[len(REGISTRY_PREFIX):]: v for k, v in options.items() if k.startswith(REGISTRY_PREFIX)}
+    if BASIC_AUTH_USER in config:
+        config[BASIC_AUTH_USER_INFO] = f"{config.pop(BASIC_AUTH_USER)}:{config.pop(BASIC_AUTH_PASSWORD, '')}"
+    return config
 
 
 def option_string(value: Any) -> str:
@@ -142,7 +168,7 @@ class ReadSettings:
     report: str | None = None
     report_options: tuple[tuple[str, str], ...] = ()
     avro_reader_schema: str | None = None
-    registry_config: tuple[tuple[str, str], ...] = ()
+    registry_config: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold a password
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "ReadSettings":
@@ -174,7 +200,7 @@ def _avro_settings(options: Mapping[str, str]) -> dict[str, Any]:
     reader_schema = options.get(OPT_AVRO_READER_SCHEMA)
     if reader_schema is None:
         return {}
-    registry = tuple(sorted((k[len(REGISTRY_PREFIX):], v) for k, v in options.items() if k.startswith(REGISTRY_PREFIX)))
+    registry = tuple(sorted(registry_settings(options).items()))
     if not dict(registry).get("url"):
         raise ConfigurationError(f"an Avro {FORMAT_NAME} source needs option '{REGISTRY_PREFIX}url'")
     return {"avro_reader_schema": reader_schema, "registry_config": registry}
