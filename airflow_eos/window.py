@@ -91,6 +91,7 @@ def exactly_once_window(
         plan = EosPlanWindowOperator(
             task_id="plan", pipeline=pipeline, topics=list(source.topics),
             kafka_conn_id=source.kafka_conn_id, target=target,
+            schema_registry_conn_id=source.schema_registry_conn_id, reader_schema=source.reader_schema,
             idle_partition_grace=idle_partition_grace, max_timestamp_skew=max_timestamp_skew,
             on_skewed_timestamp=on_skewed_timestamp, timeout=plan_timeout.total_seconds(), **wait,
         )

@@ -141,11 +141,18 @@ def registry_address(config: dict) -> str:
     return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
 
 
+# SchemaRegistryClient's settings that are numbers (Spark options carry them as text)
+NUMERIC_SETTINGS = frozenset({"timeout", "cache.capacity", "cache.latest.ttl.sec", "max.retries", "retries.wait.ms",
+                              "retries.max.wait.ms"})
+
+
 def registry_client(config: dict):
     """confluent-kafka's SchemaRegistryClient of ``config`` (a request timeout by default)."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    return SchemaRegistryClient({"timeout": DEFAULT_TIMEOUT_S, **config})
+    settings = {key: float(value) if key in NUMERIC_SETTINGS and isinstance(value, str) else value
+                for key, value in {"timeout": DEFAULT_TIMEOUT_S, **config}.items()}
+    return SchemaRegistryClient(settings)
 
 
 def registry_lookup(client, address: str = "") -> SchemaLookup:

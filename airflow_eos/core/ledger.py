@@ -133,8 +133,10 @@ class Ledger:
         A window planned with the same start but another end is a conflict:
         the DAG's schedule changed under a pipeline that already has windows.
         """
+        # reader_schema through the row's JSON: readers that never migrate read ledgers from before migration 13
         row = conn.execute(
-            "SELECT window_end FROM eos.windows WHERE pipeline = %s AND window_start = %s",
+            "SELECT window_end, to_jsonb(w) ->> 'reader_schema' FROM eos.windows w"
+            " WHERE pipeline = %s AND window_start = %s",
             (window.pipeline, window.start),
         ).fetchone()
         if row is None:
@@ -149,7 +151,7 @@ class Ledger:
             " WHERE pipeline = %s AND window_start = %s ORDER BY topic, partition",
             (window.pipeline, window.start),
         ).fetchall()
-        return WindowPlan(window, tuple(PartitionRange(*r) for r in ranges))
+        return WindowPlan(window, tuple(PartitionRange(*r) for r in ranges), row[1])
 
     def cut_contexts(
         self, conn: psycopg.Connection, window: Window, tps: list[TopicPartition]
@@ -373,8 +375,8 @@ class Ledger:
                 [(w.pipeline, c.tp.topic, c.tp.partition, c.at, c.offset, c.how) for c in new_cuts],
             )
             cur.execute(
-                "INSERT INTO eos.windows (pipeline, window_start, window_end) VALUES (%s, %s, %s)",
-                (w.pipeline, w.start, w.end),
+                "INSERT INTO eos.windows (pipeline, window_start, window_end, reader_schema) VALUES (%s, %s, %s, %s)",
+                (w.pipeline, w.start, w.end, plan.reader_schema),
             )
             cur.executemany(
                 "INSERT INTO eos.window_ranges (pipeline, window_start, topic, partition, start_offset, end_offset)"

@@ -368,6 +368,15 @@ MIGRATIONS: list[tuple[int, str | None]] = [
         """,
     ),
     (12, None),
+    (
+        13,
+        """
+        -- An Avro source's reader schema (Avro JSON), frozen with the window's
+        -- plan: every rerun of the window decodes its records the same way,
+        -- whatever the schema registry holds by then. Null: raw values.
+        ALTER TABLE eos.windows ADD COLUMN reader_schema text;
+        """,
+    ),
 ]
 
 LATEST_VERSION = MIGRATIONS[-1][0]

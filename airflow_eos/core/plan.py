@@ -152,6 +152,9 @@ class PlanRequest:
     # under one is the claim of target_id, and is recorded so by this plan.
     target_aliases: tuple[str, ...] = ()
     target_place: str | None = None
+    # An Avro source's reader schema (JSON text), or what resolves it (the subjects' latest in the schema
+    # registry), called only when a plan is frozen; None: raw values.
+    reader_schema: "str | Callable[[], str] | None" = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topics", normalise_topics(self.topics, self.window.pipeline))
@@ -172,6 +175,14 @@ class PlanRequest:
     def claim(self) -> Claim:
         return Claim(self.window.pipeline, self.topics, self.dag_id, self.target_id, self.target_exclusive,
                      self.target_place if self.target_id is not None else None)
+
+    @property
+    def decodes_avro(self) -> bool:
+        return self.reader_schema is not None
+
+    def resolved_reader_schema(self) -> str | None:
+        """The reader schema to freeze with a new plan (resolved now, if it is resolved from the registry)."""
+        return self.reader_schema() if callable(self.reader_schema) else self.reader_schema
 
     def as_claimed(self, claim: Claim | None) -> Claim | None:
         """A recorded claim, its target read as ``target_id`` when it names one
@@ -280,7 +291,7 @@ def _freeze_round(ledger: Ledger, conn, log_: PartitionLog, request: PlanRequest
     plan = WindowPlan(window, tuple(sorted(
         PartitionRange(tp.topic, tp.partition, cuts[tp, window.start].offset, cuts[tp, window.end].offset)
         for tp in tps
-    )))
+    )), request.resolved_reader_schema())
     with conn.transaction():
         ledger.lock_pipeline(conn, window.pipeline)
         winner = ledger.load_plan(conn, window)
@@ -374,3 +385,7 @@ def _check_topics(plan: WindowPlan, request: PlanRequest) -> None:
             f"window {plan.window} was planned for topics {sorted(planned)}, "
             f"not {sorted(request.topics)}; a pipeline's topics cannot change under existing windows"
         )
+    if (plan.reader_schema is not None) != request.decodes_avro:
+        planned_as, asked = ("Avro", "raw") if plan.reader_schema is not None else ("raw", "Avro")
+        raise WindowConflict(f"window {plan.window} was planned with {planned_as} values, its source now reads "
+                             f"{asked} ones; a pipeline's value format cannot change under existing windows")

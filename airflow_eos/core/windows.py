@@ -110,10 +110,13 @@ class PartitionRange:
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """A window's frozen offset ranges: every rerun reads exactly these records."""
+    """A window's frozen offset ranges: every rerun reads exactly these records;
+    an Avro source's reader schema (JSON text; None for raw values) is frozen
+    with them: every rerun decodes them the same way."""
 
     window: Window
     ranges: tuple[PartitionRange, ...] = field(default_factory=tuple)
+    reader_schema: str | None = None
 
     @property
     def pipeline(self) -> str:
@@ -128,12 +131,15 @@ class WindowPlan:
         return sum(r.width for r in self.ranges)
 
     def to_dict(self) -> dict:
-        return {
+        data = {
             "pipeline": self.window.pipeline,
             "start": self.window.start.isoformat(),
             "end": self.window.end.isoformat(),
             "ranges": [r.to_dict() for r in self.ranges],
         }
+        if self.reader_schema is not None:
+            data["reader_schema"] = self.reader_schema
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -143,6 +149,7 @@ class WindowPlan:
         return cls(
             Window(data["pipeline"], to_utc(data["start"]), to_utc(data["end"])),
             tuple(sorted(PartitionRange(**r) for r in data["ranges"])),
+            data.get("reader_schema"),
         )
 
     @classmethod

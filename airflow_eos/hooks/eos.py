@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from functools import cached_property
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -161,6 +161,8 @@ def plan_or_none(
     target_exclusive: bool = False,
     target_aliases: Sequence[str] = (),
     target: Mapping[str, Any] | None = None,
+    schema_registry_conn_id: str | None = None,
+    reader_schema: str | None = None,
 ) -> WindowPlan | None:
     """steps.plan with the connections resolved: the window's frozen plan, or
     None while the window is not closed.
@@ -169,15 +171,37 @@ def plan_or_none(
     the pipeline (see core/ownership.py); None where the caller does not know
     (a trigger serialised by an older version names neither). ``target`` (the
     unbound spec's to_dict) is resolved here, where its connections can be
-    read, into the physical place the claim records (``Sink.claim_identity``)."""
+    read, into the physical place the claim records (``Sink.claim_identity``).
+    ``schema_registry_conn_id`` (an Avro source): the plan freezes
+    ``reader_schema``, or, None, the latest schema of the topics' value subjects
+    in that registry, read when the window is frozen (not while it waits)."""
     place = resolve_target(target).claim_identity() if target is not None and target_id is not None else None
     request = PlanRequest(Window(pipeline, window_start, window_end), tuple(topics),
                           timedelta(seconds=idle_partition_grace_seconds),
                           timedelta(seconds=max_timestamp_skew_seconds), on_skewed_timestamp,
                           dag_id=dag_id, target_id=target_id, target_exclusive=target_exclusive,
-                          target_aliases=tuple(target_aliases), target_place=place)
+                          target_aliases=tuple(target_aliases), target_place=place,
+                          reader_schema=_reader_schema(schema_registry_conn_id, reader_schema, topics))
     with KafkaLog(EosKafkaHook(kafka_config_id=kafka_conn_id).kafka_config) as kafka_log:
         return steps.plan(ledger_for(postgres_conn_id), kafka_log, request)
+
+
+def _reader_schema(schema_registry_conn_id: str | None, given: str | None,
+                   topics: Sequence[str]) -> str | Callable[[], str] | None:
+    """PlanRequest's reader_schema: None for raw values, ``given``, or what reads the subjects' latest."""
+    if schema_registry_conn_id is None:
+        return None
+    if given is not None:
+        return given
+
+    def latest() -> str:
+        from airflow_eos.core.avro import latest_reader_schema
+        from airflow_eos.hooks.schema_registry import EosSchemaRegistryHook
+
+        subjects = tuple(f"{topic}-value" for topic in sorted(topics))
+        return latest_reader_schema(EosSchemaRegistryHook(schema_registry_conn_id).registry_config, subjects)
+
+    return latest
 
 
 def prepared_or_none(*, target: Mapping[str, Any], attempt: Mapping[str, Any]) -> str | None:

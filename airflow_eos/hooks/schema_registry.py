@@ -6,7 +6,7 @@ The connection: ``host`` a hostname (with ``port``, default 8081, and
 ``login``/``password`` HTTP basic auth; extra ``tls`` (true: https), and the
 client's TLS and timeout settings (``ssl.ca.location``,
 ``ssl.certificate.location``, ``ssl.key.location``, ``ssl.key.password``,
-``timeout``). The password is in ``registry_config`` only, never in a repr,
+``timeout``, ``max.retries``, ``retries.wait.ms``). The password is in ``registry_config`` only, never in a repr,
 a log line or an error (``registry_address`` is what messages name).
 """
 
@@ -22,7 +22,8 @@ from airflow_eos.core.errors import ConfigurationError
 CONN_TYPE = "eos_schema_registry"
 DEFAULT_CONN_ID = "schema_registry_default"
 DEFAULT_PORT = 8081
-EXTRA_SETTINGS = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "timeout")
+EXTRA_SETTINGS = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "timeout",
+                  "max.retries", "retries.wait.ms")
 
 
 class EosSchemaRegistryHook(BaseHook):

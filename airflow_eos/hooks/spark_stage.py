@@ -120,15 +120,18 @@ class EosSparkStageHook(BaseHook):
 
     def run(self, plan: WindowPlan, attempt: Attempt, *, target: TargetSpec, sink: Sink,
             kafka_config: Mapping[str, Any], transform: str | None, max_records_per_task: int,
-            max_bad_records: int, reader: str = DEFAULT_READER) -> dict | None:
+            max_bad_records: int, reader: str = DEFAULT_READER,
+            registry_config: Mapping[str, Any] | None = None) -> dict | None:
         """Run the stage job of ``attempt`` (open, of ``plan``'s window) into
         ``sink`` (``target``: its bound spec); return the job's report (None when
-        spark-submit's output did not carry it, e.g. in cluster deploy mode)."""
+        spark-submit's output did not carry it, e.g. in cluster deploy mode).
+        ``registry_config``: an Avro source's schema registry settings."""
         limits = {"max_records_per_task": max_records_per_task, "max_bad_records": max_bad_records, "reader": reader}
         if self.spark_connect_url is not None:
-            return self._on_spark_connect(plan, attempt, sink, kafka_config, transform, **limits)
+            return self._on_spark_connect(plan, attempt, sink, kafka_config, transform, registry_config=registry_config,
+                                          **limits)
         arguments = stage_job_arguments(plan, attempt, transform=transform, **limits)
-        return self._spark_submit(attempt, arguments, target, kafka_config)
+        return self._spark_submit(attempt, arguments, target, kafka_config, registry_config)
 
     def on_kill(self) -> None:
         """Stop the running job: spark-submit's process, or the job on the
@@ -141,12 +144,13 @@ class EosSparkStageHook(BaseHook):
             running.interruptAll()
 
     def _spark_submit(self, attempt: Attempt, arguments: list[str], target: TargetSpec,
-                      kafka_config: Mapping[str, Any]) -> dict | None:
+                      kafka_config: Mapping[str, Any], registry_config: Mapping[str, Any] | None) -> dict | None:
         """The stage job by spark-submit; its report is the line it prints.
         Secrets travel in spark-submit's environment, never on its command line."""
         local = runs_in_local_mode(self.conn_id)
         conf = {"spark.ui.enabled": "false", **self.conf} if local else self.conf  # no web UI, no listener
-        env = {**self.env_vars, **stage_job_environment(target, dict(kafka_config), local=local)}
+        env = {**self.env_vars, **stage_job_environment(target, dict(kafka_config), local=local,
+                                                        registry_config=dict(registry_config or {}))}
         output = StageJobOutput()
         self._running = EosSparkSubmitHook(conn_id=self.conn_id, conf=conf, env_vars=env, application_args=arguments,
                                            on_output_line=output.read, **self._submit_args())

@@ -41,6 +41,11 @@ class EosPlanWindowOperator(BaseSensorOperator):
         or into another target fails without retries, naming both). Without it
         the claim names no target until a plan that has one. The ledger is in
         the target's ledger database: ``postgres_conn_id`` defaults to it.
+    :param schema_registry_conn_id: an Avro source's ``eos_schema_registry``
+        connection (None: raw values); the plan freezes ``reader_schema`` (Avro
+        JSON) or, None, the latest schema of the topics' ``<topic>-value``
+        subjects there (which must agree)
+    :param reader_schema: an Avro source's reader schema (see above)
     """
 
     template_fields: Sequence[str] = ("pipeline", "topics", "window_start", "window_end")
@@ -61,6 +66,8 @@ class EosPlanWindowOperator(BaseSensorOperator):
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poke_interval: float = 60,
         target: TargetSpec | None = None,
+        schema_registry_conn_id: str | None = None,
+        reader_schema: str | None = None,
         **kwargs: Any,
     ) -> None:
         # Before the base class adds the task to the DAG: a refused task leaves no trace there.
@@ -87,6 +94,8 @@ class EosPlanWindowOperator(BaseSensorOperator):
         self.max_timestamp_skew = max_timestamp_skew
         self.on_skewed_timestamp = on_skewed_timestamp
         self.deferrable = deferrable
+        self.schema_registry_conn_id = schema_registry_conn_id
+        self.reader_schema = reader_schema
 
     @cached_property
     def _plan_kwargs(self) -> dict[str, Any]:
@@ -107,6 +116,9 @@ class EosPlanWindowOperator(BaseSensorOperator):
             "target_exclusive": self.target.exclusive if self.target else False,
             # resolved at run time into the target's physical place (Sink.claim_identity)
             "target": self.target.to_dict() if self.target else None,
+            # an Avro source: the reader schema frozen with the plan (None: the subjects' latest at freezing)
+            "schema_registry_conn_id": self.schema_registry_conn_id,
+            "reader_schema": self.reader_schema,
         }
 
     def _plan_or_none(self) -> WindowPlan | None:

@@ -142,6 +142,15 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
     def kafka_config(self) -> dict[str, Any]:
         return {**self.kafka_hook.kafka_config, **self.source.reader_config}
 
+    @cached_property
+    def registry_config(self) -> dict[str, Any] | None:
+        """An Avro source's schema registry settings (None: raw values)."""
+        if not self.source.is_avro:
+            return None
+        from airflow_eos.hooks.schema_registry import EosSchemaRegistryHook
+
+        return EosSchemaRegistryHook(self.source.schema_registry_conn_id).registry_config
+
     def execute(self, context) -> dict:
         from airflow_eos import steps
         from airflow_eos.hooks.eos import failing_terminally
@@ -164,7 +173,8 @@ class EosSparkStageOperator(TargetHooks, BaseOperator):
         return self.spark_hook.run(plan, attempt, target=self.target_hook.bound, sink=self.sink,
                                    kafka_config=self.kafka_config, transform=self.transform,
                                    max_records_per_task=self.max_records_per_task,
-                                   max_bad_records=self.max_bad_records, reader=self.reader)
+                                   max_bad_records=self.max_bad_records, reader=self.reader,
+                                   registry_config=self.registry_config)
 
     def on_kill(self) -> None:
         self.spark_hook.on_kill()

@@ -38,6 +38,7 @@ from airflow_eos.core.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql import DataFrame
 
 # the column with the reason a value did not decode; null when it did
 DECODE_ERROR_COLUMN = "eos_decode_error"
@@ -171,3 +172,41 @@ def with_decoded(batch: "pa.RecordBatch", decoder: AvroDecoder, schema: StructTy
     decoded = StructType(schema.fields[batch.num_columns:])
     arrays = decode_values(decoder, batch.column("value").to_pylist(), decoded)
     return pa.RecordBatch.from_arrays([*batch.columns, *arrays], schema=to_arrow_schema(schema, timezone="UTC"))
+
+
+def decoded_apart(records: "DataFrame") -> tuple["DataFrame", "DataFrame"]:
+    """An Avro source's rows as (those that decoded, without DECODE_ERROR_COLUMN:
+    what the transform receives; those that did not: dead letters)."""
+    from pyspark.sql import functions as F
+
+    failed = F.col(DECODE_ERROR_COLUMN).isNotNull()
+    return records.where(~failed).drop(DECODE_ERROR_COLUMN), records.where(failed)
+
+
+def with_decode_failures(out: "DataFrame", failed: "DataFrame") -> "DataFrame":
+    """The transform's output ``out`` and, after its rows, a dead letter per row
+    of ``failed`` (decoded_apart's): the decoder's reason as ``eos_error``, the
+    record's lineage and raw key and value, every other column null. ``out``
+    must have the lineage columns (a dead letter names its record); it gains an
+    ``eos_error`` column if it has none."""
+    from pyspark.sql import functions as F
+
+    from airflow_eos.core.columns import LINEAGE_COLUMNS
+    from airflow_eos.spark.udf import ERROR_COLUMN
+
+    names = {c.lower(): c for c in out.columns}
+    missing = [c for c in LINEAGE_COLUMNS if c not in names]
+    if missing:
+        raise ConfigurationError(f"the transform of an Avro source must return the lineage columns "
+                                 f"{list(LINEAGE_COLUMNS)} (it lacks {missing}): a record that did not decode "
+                                 "is a dead letter, which names its record by them")
+    if ERROR_COLUMN not in names:
+        out = out.withColumn(ERROR_COLUMN, F.lit(None).cast("string"))
+        names[ERROR_COLUMN] = ERROR_COLUMN
+    sources = {ERROR_COLUMN: DECODE_ERROR_COLUMN, "key": "key", "value": "value",
+               **dict(zip(LINEAGE_COLUMNS, ("topic", "partition", "offset")))}
+    kinds = dict(out.dtypes)
+    letters = failed.select([
+        (F.col(sources[c.lower()]) if c.lower() in sources else F.lit(None)).cast(kinds[c]).alias(c)
+        for c in out.columns])
+    return out.unionByName(letters)

@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from airflow_eos.spark.submit import (
         error_line,
         kafka_config_from_environment,
+        registry_config_from_environment,
         report_line,
         target_from_environment,
     )
@@ -69,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         attempt = Attempt.from_dict(json.loads(args.attempt))
         target = target_from_environment()
         kafka_config = kafka_config_from_environment()
+        registry_config = registry_config_from_environment()
     except (KeyError, ValueError, TypeError) as exc:
         log.error("stage job: unusable arguments or environment: %s: %s", type(exc).__name__, exc)
         print(error_line(exc), flush=True)
@@ -77,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = run_stage(spark, plan, attempt, target, kafka_config, args.transform,
                            max_records_per_task=args.max_records_per_task, max_bad_records=args.max_bad_records,
-                           rows_per_chunk=args.rows_per_chunk, reader=args.reader)
+                           rows_per_chunk=args.rows_per_chunk, reader=args.reader, registry_config=registry_config)
     except EosError as exc:
         log.error("stage job failed: %s", exc)
         print(error_line(exc), flush=True)

@@ -163,7 +163,7 @@ from airflow_eos.spark.stage_settings import (
 )
 from airflow_eos.spark.stager import StagedTask, TooManyBadRecords
 from airflow_eos.spark.staging_source import StagingDataSource, commit_stage, register
-from airflow_eos.spark.submit import DEFAULT_READER, READERS
+from airflow_eos.spark.submit import DEFAULT_READER, PYTHON_READER, READERS
 from airflow_eos.spark.transform import load_transform
 from airflow_eos.spark.udf import ERROR_COLUMN, catch_errors, describe_error, safe_udf
 
@@ -183,6 +183,9 @@ def _check_attempt(target: Sink, plan: WindowPlan, attempt: Attempt) -> None:
         frozen = ledger.load_plan(conn, plan.window)
         if frozen is None:
             raise WindowNotPlanned(f"window {plan.window} has no frozen plan in {redact(ledger.url)}")
+        if frozen.reader_schema != plan.reader_schema:
+            raise WindowConflict(f"the plan given for {plan.window} has another reader schema than its frozen plan: "
+                                 f"given {plan.reader_schema}, frozen {frozen.reader_schema}")
         if sorted(frozen.ranges) != sorted(plan.ranges):
             raise WindowConflict(f"the plan given for {plan.window} differs from its frozen plan: given "
                                  f"{[r.to_dict() for r in plan.ranges]}, frozen {[r.to_dict() for r in frozen.ranges]}")
@@ -205,6 +208,7 @@ def run_stage(
     rows_per_chunk: int = DEFAULT_ROWS_PER_CHUNK,
     read_options: Mapping[str, Any] | None = None,
     reader: str = DEFAULT_READER,
+    registry_config: Mapping[str, Any] | None = None,
 ) -> StageReport:
     """Stage one attempt of a window: read exactly ``plan``, apply ``transform``,
     stage into the attempt's staging, checkpoint on job commit. Returns what the
@@ -221,6 +225,9 @@ def run_stage(
     source, the default) or ``"spark"`` (Spark's own Kafka source, see
     :func:`~airflow_eos.spark.stage_report.read_transformed`); ``read_options``:
     further eos_kafka options (arrow_batch_rows, end_grace_s, poll_timeout_s).
+    ``registry_config``: an Avro source's schema registry (SchemaRegistryClient
+    settings): the plan's frozen reader schema decodes the values, never the
+    registry's latest; records that do not decode are dead letters.
     """
     started = time.perf_counter()
     url = target.ledger.url
@@ -228,6 +235,7 @@ def run_stage(
         raise ConfigurationError("max_bad_records must be >= 0, max_records_per_task and rows_per_chunk >= 1")
     if reader not in READERS:
         raise ConfigurationError(f"reader must be one of {list(READERS)}, got {reader!r}")
+    read_options = _with_decoding(plan, reader, read_options, registry_config)
     run = uuid.uuid4().hex[:12]
     _check_attempt(target, plan, attempt)
     try:
@@ -242,6 +250,22 @@ def run_stage(
     return _stage_rows(spark, plan, attempt, target, kafka_config, transform, url=url, run=run, started=started,
                        max_records_per_task=max_records_per_task, max_bad_records=max_bad_records,
                        rows_per_chunk=rows_per_chunk, read_options=read_options, reader=reader)
+
+
+def _with_decoding(plan: WindowPlan, reader: str, read_options: Mapping[str, Any] | None,
+                   registry_config: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The eos_kafka options, with the decoding of an Avro source's plan."""
+    if plan.reader_schema is None and registry_config is None:
+        return read_options
+    if plan.reader_schema is None or not registry_config:
+        raise ConfigurationError(
+            f"window {plan.window} was planned with {'raw' if plan.reader_schema is None else 'Avro'} values but "
+            f"the stage {'has' if registry_config else 'has no'} schema registry: a pipeline's value format "
+            "cannot change under existing windows")
+    if reader != PYTHON_READER:
+        raise ConfigurationError(f"an Avro source is read by reader {PYTHON_READER!r} (the eos_kafka source "
+                                 f"decodes it), not {reader!r}")
+    return {**(read_options or {}), "avro_reader_schema": plan.reader_schema, "registry_config": dict(registry_config)}
 
 
 def _stage_rows(spark: "SparkSession", plan: WindowPlan, attempt: Attempt, target: Sink,

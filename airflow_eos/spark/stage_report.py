@@ -173,7 +173,12 @@ def read_transformed(spark: "SparkSession", plan: WindowPlan, kafka_config: Mapp
     the ObservedRead of the read or None). ``reader``: ``"spark"``, Spark's own
     Kafka source, observed (the driver records what was read after the job,
     stage_settings.record_observed_reads); ``"python"``, the eos_kafka source,
-    whose read tasks report what they read themselves. Shared by both writers."""
+    whose read tasks report what they read themselves. Shared by both writers.
+
+    An Avro source (``read_options`` has the plan's reader schema and the
+    registry): the transform receives the records that decoded; each one that
+    did not joins its output as a dead letter with the decoder's reason
+    (avro_columns.with_decode_failures)."""
     from airflow_eos.spark.layout import records_as_read
     from airflow_eos.spark.staging_source import register
     from airflow_eos.spark.transform import load_transform
@@ -191,9 +196,18 @@ def read_transformed(spark: "SparkSession", plan: WindowPlan, kafka_config: Mapp
         records = read_plan(spark, plan, kafka_config, max_records_per_task=max_records_per_task, report=REPORT_HOOK,
                             report_options=report_options(url, attempt, run), **(read_options or {}))
     fn = load_transform(transform)
+    failed = None
+    if (read_options or {}).get("avro_reader_schema") is not None:
+        from airflow_eos.spark.avro_columns import decoded_apart
+
+        records, failed = decoded_apart(records)
     out = records_as_read(records) if fn is None else fn(records)
     if not hasattr(out, "write") or not hasattr(out, "columns"):
         raise ConfigurationError(f"transform {transform!r} returned {type(out).__name__}, not a DataFrame")
+    if failed is not None:
+        from airflow_eos.spark.avro_columns import with_decode_failures
+
+        out = with_decode_failures(out, failed)
     return out, fn, observation
 
 

@@ -36,6 +36,7 @@ from airflow_eos.core.windows import WindowPlan
 
 TARGET_ENV = "EOS_TARGET_JSON"
 KAFKA_CONFIG_ENV = "EOS_KAFKA_CONFIG_JSON"
+REGISTRY_CONFIG_ENV = "EOS_REGISTRY_CONFIG"  # an Avro source's schema registry (may hold a password)
 ERROR_LINE = "EOS_STAGE_ERROR "
 REPORT_LINE = "EOS_STAGE_REPORT "
 
@@ -69,12 +70,15 @@ def stage_job_arguments(plan: WindowPlan, attempt: Attempt, *, max_records_per_t
     ]
 
 
-def stage_job_environment(target: TargetSpec, kafka_config: dict, *, local: bool) -> dict[str, str]:
+def stage_job_environment(target: TargetSpec, kafka_config: dict, *, local: bool,
+                          registry_config: dict | None = None) -> dict[str, str]:
     """``target`` bound (its connections resolved): the job has no Airflow."""
     env = {
         TARGET_ENV: target_json(target),
         KAFKA_CONFIG_ENV: json.dumps(kafka_config),
     }
+    if registry_config:
+        env[REGISTRY_CONFIG_ENV] = json.dumps(registry_config)
     if local:
         # Python workers must run this interpreter (it has the package and its
         # dependencies), spark-submit is beside it, and nothing may listen on a
@@ -98,6 +102,12 @@ def target_from_environment(environ: Mapping[str, str] = os.environ) -> Sink:
 
 def kafka_config_from_environment(environ=os.environ) -> dict:
     return json.loads(environ[KAFKA_CONFIG_ENV])
+
+
+def registry_config_from_environment(environ=os.environ) -> dict | None:
+    """An Avro source's schema registry settings; None for raw values."""
+    text = environ.get(REGISTRY_CONFIG_ENV)
+    return json.loads(text) if text else None
 
 
 def error_line(exc: BaseException) -> str:
