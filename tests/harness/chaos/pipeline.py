@@ -117,7 +117,8 @@ class Pipeline:
     # The plan's: a partition with no record at/after a window's end holds the window this long after the end
     # (the suite's windows end long ago: a longer grace keeps one waiting, as a window that has just ended).
     idle_partition_grace: timedelta = timedelta(minutes=5)
-    # The source topic's values are Avro (decoded as the eos_kafka reader decodes them); None: JSON.
+    # The source topic's values are Avro (the plan freezes the reader schema, the stage job's stand-in
+    # decodes with it as the eos_kafka reader does); None: JSON.
     avro: AvroSource | None = None
 
     @property
@@ -161,8 +162,9 @@ class Pipeline:
 def plan_step(p: Pipeline, window: Window) -> dict:
     """EosPlanWindowOperator: steps.plan (the window is closed in these tests)."""
     with KafkaLog(dict(p.kafka_config)) as kafka_log:
-        plan = steps.plan(p.ledger, kafka_log, PlanRequest(window, p.topics, p.idle_partition_grace,
-                                                           target_id=p.claimed_target))
+        plan = steps.plan(p.ledger, kafka_log, PlanRequest(
+            window, p.topics, p.idle_partition_grace, target_id=p.claimed_target,
+            reader_schema=p.avro.reader_schema(p.topics) if p.avro is not None else None))
     if plan is None:
         raise NotReady(f"window {window} is not closed")
     return plan.to_dict()
@@ -181,7 +183,7 @@ def stage_attempt(p: Pipeline, plan: WindowPlan, attempt: Attempt, *,
     consumed: list[ConsumedRange] = []
     chunks = []
     seen = 0
-    transform = batch_transform(p.avro)
+    transform = batch_transform(p.avro, plan.reader_schema)
     for task in plan_tasks(plan, p.max_records_per_task):
         stats = ReadStats()
         dead: list[dict] = []
