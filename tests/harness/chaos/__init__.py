@@ -79,10 +79,10 @@ from harness.chaos.pipeline import (
 from harness.chaos.schedules import Schedule, run_schedule
 from harness.chaos.source import (
     HOUR,
-    AvroSource,
-    avro_source_records,
     T0,
     TARGET_DDL,
+    AvroSource,
+    avro_source_records,
     create_target_table,
     create_topic,
     delete_topic,
