@@ -5,6 +5,7 @@ the constants every part of the bench shares."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -24,10 +25,12 @@ def order_value(i: int) -> bytes:
             % (i, i % 10_007, (i * 37) % 100_000, i % 100, i % 7))
 
 
-def produce(bootstrap: str, topic: str, records: int, partitions: int) -> dict[int, int]:
-    """``records`` orders round-robin, timestamps spread over [T0, T0 + 1h), then one
-    record per partition after the window (so it closes). Returns each
-    partition's window end offset (from delivery reports, not the broker's watermarks)."""
+def produce(bootstrap: str, topic: str, records: int, partitions: int,
+            value: Callable[[int], bytes] = order_value) -> dict[int, int]:
+    """``records`` orders round-robin (``value(i)``, the i-th), timestamps spread over
+    [T0, T0 + 1h), then one record per partition after the window (so it closes).
+    Returns each partition's window end offset (from delivery reports, not the
+    broker's watermarks)."""
     from confluent_kafka import Producer
 
     ends = dict.fromkeys(range(partitions), 0)
@@ -51,12 +54,12 @@ def produce(bootstrap: str, topic: str, records: int, partitions: int) -> dict[i
 
     for i in range(records):
         p = i % partitions
-        send(p, t0 + (i * 3_599_000) // records, order_value(i), b"%d" % (i % 1000))
+        send(p, t0 + (i * 3_599_000) // records, value(i), b"%d" % (i % 1000))
         ends[p] += 1
         if i % 10_000 == 0:
             producer.poll(0)
     for p in range(partitions):
-        send(p, t0 + 3_601_000, order_value(records + p), b"late")
+        send(p, t0 + 3_601_000, value(records + p), b"late")
     if producer.flush(300):
         raise RuntimeError("records not delivered")
     return ends

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from avro_source import avro_section
 from files import files_section
 from growth import growth_section
 from iceberg import iceberg_section
@@ -108,7 +109,7 @@ def render_markdown(res: dict) -> str:
     """The whole page: what was measured where, then the sections in order."""
     out = [_preamble(res), _headline_section(res), _ceilings_section(res), _exactly_once_section(res),
            _copying_section(res), _submit_section(res), files_section(res), kafka_section(res), peer_section(res),
-           iceberg_section(res),
+           iceberg_section(res), avro_section(res),
            readers_section(res),
            _baseline_section(res), _ratios_section(res), load_section(res), "\n",
            render_cpu(res), growth_section(res), METHOD]

@@ -45,7 +45,11 @@ partitions, all inside one hourly window):
    Iceberg target (issue 38): ``dags/orders_hourly_iceberg.py`` on the same
    server (IcebergTarget: the window as one append snapshot of a fresh table),
    with a plain pyiceberg append of the same rows as its ceiling, both
-   ``--repeats`` times interleaved (iceberg.py);
+   ``--repeats`` times interleaved (iceberg.py); an Avro source (issue 40):
+   ``dags/orders_hourly_avro.py`` on the same server over a topic of as many
+   Avro records (writer schemas in a schema registry the bench starts),
+   interleaved with the JSON window of ``dags/orders_hourly.py``, beside the
+   decoder's own ceiling (avro_source.py);
 
 4. CPU: the core-seconds each part of the run (broker, Spark, PostgreSQL,
    this process) spent in each ceiling and window, and what they imply: the
@@ -56,12 +60,13 @@ The parts, one module each (beside this file, which is the CLI and composes
 them): records.py (the records and shared constants), measure.py (CpuMeter,
 TreeMemory, the median run), ceilings.py (1), windows.py (2, reading each
 task's figures from its XCom), files.py (2c, the file target), kafka.py (2d, the Kafka target), iceberg.py
-(2g, the Iceberg target), baseline.py (3, and the ``alo-job`` this file
+(2g, the Iceberg target), avro_source.py (2h, an Avro source), baseline.py (3, and the ``alo-job`` this file
 runs under spark-submit), machine.py and report.py (results.json, results.md).
 
     make bench SIZES=10000,100000,1000000
     .venv/bin/python bench/run.py --sizes 10000
     .venv/bin/python bench/run.py --sizes 10000 --repeats 1 --only iceberg --out /tmp/out   # §2c and §2g only
+    .venv/bin/python bench/run.py --sizes 10000 --repeats 1 --only avro --out /tmp/out      # §2h only
     .venv/bin/python bench/run.py render      # results.md again from results.json + results_notes.md
 """
 
@@ -82,6 +87,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load import measure_load  # noqa: E402
+from avro_source import avro_headline, avro_ratios, avro_section, measure_avro  # noqa: E402
 from baseline import (  # noqa: E402
     alo_job,
     at_least_once_dag,
@@ -137,9 +143,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=int(os.environ.get("REPEATS") or 5),
                         help="runs of the headline pair (exactly-once §2, at-least-once §3) per size, "
                              "interleaved; the median run is reported (default: %(default)s; env REPEATS)")
-    parser.add_argument("--only", choices=("iceberg",),
-                        help="measure only this target's section and the ones it is compared with (iceberg: "
-                             "§2c and §2g), without waiting for a quiet machine; results.md holds those sections")
+    parser.add_argument("--only", choices=tuple(ONLY),
+                        help="measure only this section and the ones it is compared with (iceberg: §2c and §2g; "
+                             "avro: §2h, which has its JSON window), without waiting for a quiet machine; "
+                             "results.md holds those sections")
     args = parser.parse_args(argv)
     args.sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
     if args.repeats < 1:
@@ -202,6 +209,7 @@ class Bench:
     cores: int
     repeats: int
     sizes: tuple[int, ...]
+    registry_url: str | None  # the schema registry of §2h
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -209,12 +217,13 @@ def measure(args: argparse.Namespace) -> dict:
     from airflow_eos.embedded import SparkConnectServer, kafka_service, postgres_service
 
     results: dict = {"sizes": {}}
-    with kafka_service() as kafka, postgres_service() as pg, SparkConnectServer(f"local[{args.cores}]") as connect:
+    with kafka_service() as kafka, postgres_service() as pg, SparkConnectServer(f"local[{args.cores}]") as connect, \
+            registry_if_measured(args) as registry:
         # Started once, like a deployment's server: its JVM start is paid once, not per window.
         results["spark_connect_server_start_s"] = connect.start_seconds
-        bench = prepare(args, kafka.address, pg.address, connect, results)
+        bench = prepare(args, kafka.address, pg.address, connect, registry, results)
         for k, size in enumerate(args.sizes):
-            measure_one = measure_iceberg_only if args.only == "iceberg" else measure_size
+            measure_one = ONLY[args.only] if args.only else measure_size
             results["sizes"][size] = measure_one(bench, k, size, results)
         if args.only:
             return results
@@ -225,7 +234,16 @@ def measure(args: argparse.Namespace) -> dict:
     return results
 
 
-def prepare(args: argparse.Namespace, bootstrap: str, pg_url: str, connect, results: dict) -> Bench:
+def registry_if_measured(args: argparse.Namespace):
+    """The schema registry of §2h (Apicurio Registry, in memory), unless ``--only`` leaves §2h out."""
+    import contextlib
+
+    from airflow_eos.embedded import schema_registry_service
+
+    return schema_registry_service() if args.only in (None, "avro") else contextlib.nullcontext()
+
+
+def prepare(args: argparse.Namespace, bootstrap: str, pg_url: str, connect, registry, results: dict) -> Bench:
     """Airflow's connections, database and DAGs; the machine's description into ``results``."""
     from confluent_kafka.admin import AdminClient
 
@@ -237,7 +255,8 @@ def prepare(args: argparse.Namespace, bootstrap: str, pg_url: str, connect, resu
     dags = load_dags()
     return Bench(bootstrap, pg_url, connect.url, {"conn_type": "spark", "host": "local[2]"},
                  {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect.port},
-                 meter, admin, dags, at_least_once_dag(), args.cores, args.repeats, tuple(args.sizes))
+                 meter, admin, dags, at_least_once_dag(), args.cores, args.repeats, tuple(args.sizes),
+                 registry.address if registry else None)
 
 
 def finish(results: dict, run: Run, args: argparse.Namespace) -> None:
@@ -252,6 +271,7 @@ def finish(results: dict, run: Run, args: argparse.Namespace) -> None:
     results.update(headline(results))
     results.update(files_headline(results))
     results.update(iceberg_headline(results))
+    results.update(avro_headline(results))
     results.update(kafka_headline(results))
     results.update(peer_headline(results))
     results.update(growth_headline(results))
@@ -264,10 +284,11 @@ def finish_only(results: dict, args: argparse.Namespace) -> None:
     """results.json and a results.md of only the sections ``--only`` measured."""
     results.update(files_headline(results))
     results.update(iceberg_headline(results))
+    results.update(avro_headline(results))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     page = (f"# bench/run.py --only {args.only} (load average at start {results['load_average']['start'][0]:.2f})\n"
-            + files_section(results) + iceberg_section(results))
+            + files_section(results) + iceberg_section(results) + avro_section(results))
     (args.out / "results.md").write_text(page)
     print(f"\nwritten {args.out / 'results.md'} and {args.out / 'results.json'}")
     print(page)
@@ -280,7 +301,8 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     """Every measurement of a window of ``size`` records (the ``k``-th size)."""
     print(f"\n== window of {size:,} records", flush=True)
     # One database per way of staging: the same window, each with a ledger of its own.
-    modes = (("submit", "connect") + tuple(f"{kind}_{j}" for kind in ("partitioned", "files", "kafka", "iceberg")
+    modes = (("submit", "connect") + tuple(f"{kind}_{j}" for kind in ("partitioned", "files", "kafka", "iceberg",
+                                                                      "avro", "avro_json")
                                            for j in range(bench.repeats))
              + (("warm_up", "ledger_growth") if k == 0 else ())
              + (("readers",) if size == max(bench.sizes) else ()))
@@ -305,6 +327,8 @@ def measure_size(bench: Bench, k: int, size: int, results: dict) -> dict:
     r.update(kafka_ratios(r))
     r.update(measure_iceberg(bench, size, urls, run_after + HOUR / 2))
     r.update(iceberg_ratios(r))
+    r.update(measure_avro(bench, size, urls, run_after + HOUR / 2, bench.registry_url))
+    r.update(avro_ratios(r))
     r.update(measure_peer(bench, size, ends, urls, run_after + HOUR / 2))
     r.update(peer_ratios(r))
     if reported_failure(r, "verify", lambda: measure_verify(bench, size, urls["connect"])):
@@ -332,6 +356,27 @@ def measure_iceberg_only(bench: Bench, k: int, size: int, results: dict) -> dict
     r.update(iceberg_ratios(r))
     drop_databases(bench, urls)
     return r
+
+
+def measure_avro_only(bench: Bench, k: int, size: int, results: dict) -> dict:
+    """``--only avro``: of a window of ``size`` records, §2h (the Avro window and the JSON one), after
+    the server's cold first window (as in a whole run: neither side pays the server's warm-up)."""
+    print(f"\n== window of {size:,} records (avro only)", flush=True)
+    modes = tuple(f"{kind}_{j}" for kind in ("avro", "avro_json") for j in range(bench.repeats)) + ("warm_up",)
+    urls = create_databases(bench, {mode: f"bench_{size}_{mode}_{os.getpid()}" for mode in modes})
+    _, produce_s = fresh_topic(bench, size)
+    r: dict = {"produce_s": produce_s}
+    run_after = datetime(2026, 4, 1, tzinfo=timezone.utc) + k * HOUR
+    if k == 0:
+        results["spark_connect_first_window_s"] = warm_up(bench, size, urls["warm_up"], run_after - HOUR / 4)
+    r.update(measure_avro(bench, size, urls, run_after + HOUR / 2, bench.registry_url))
+    r.update(avro_ratios(r))
+    drop_databases(bench, urls)
+    return r
+
+
+# What ``--only`` measures of each size.
+ONLY = {"iceberg": measure_iceberg_only, "avro": measure_avro_only}
 
 
 def measure_growth(bench: Bench) -> dict:

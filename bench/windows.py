@@ -109,4 +109,4 @@ def load_dags() -> dict:
     db.initdb()
     return {name: runpy.run_path(str(REPO / "dags" / f"{name}.py"))["dag"]
             for name in ("orders_hourly", "orders_hourly_partitioned", "orders_hourly_files", "orders_hourly_iceberg",
-                          "orders_to_topic")}
+                          "orders_to_topic", "orders_hourly_avro")}

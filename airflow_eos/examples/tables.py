@@ -49,3 +49,20 @@ CREATE TABLE IF NOT EXISTS analytics.events_per_minute (
     eos_window_start  timestamptz NOT NULL
 );
 """
+
+# The orders of an Avro topic (orders_hourly_avro): the reader schema's fields
+# (id, amount, note), decoded from records of any compatible writer schema.
+ORDERS_AVRO_TABLE_DDL = """
+CREATE SCHEMA IF NOT EXISTS analytics;
+CREATE TABLE IF NOT EXISTS analytics.orders_avro (
+    id                bigint         NOT NULL,
+    amount            double precision NOT NULL,
+    note              text,
+    eos_topic         text           NOT NULL,
+    eos_partition     integer        NOT NULL,
+    eos_offset        bigint         NOT NULL,
+    eos_pipeline      text           NOT NULL,
+    eos_window_start  timestamptz    NOT NULL,
+    UNIQUE (eos_partition, eos_offset, eos_topic)
+);
+"""

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 # parse time, which must not load pyspark); re-exported here for existing users.
 from airflow_eos.examples.tables import (  # noqa: F401
     EVENTS_PER_MINUTE_TABLE_DDL,
+    ORDERS_AVRO_TABLE_DDL,
     ORDERS_TABLE_DDL,
     PARTITIONED_ORDERS_TABLE_DDL,
 )
@@ -45,6 +46,24 @@ def orders(df: DataFrame) -> DataFrame:
         .when(F.col("amount_text").isNull(), F.lit("malformed order: no amount"))
         .when(amount.isNull(), F.lit("malformed order: amount not a number or out of range"))
         .alias("eos_error"),
+        "key",
+        "value",
+    )
+
+
+def orders_avro(df: DataFrame) -> DataFrame:
+    """One row per order of an Avro source (``KafkaSource(value_format="avro")``):
+    the reader schema's fields are columns already, whatever schema each record
+    was written with; a record that did not decode never reaches a transform
+    (it is a dead letter with the decoder's reason, keeping the raw ``key`` and
+    ``value`` the transform passes on)."""
+    return df.select(
+        "id",
+        "amount",
+        "note",
+        F.col("topic").alias("eos_topic"),
+        F.col("partition").alias("eos_partition"),
+        F.col("offset").alias("eos_offset"),
         "key",
         "value",
     )

@@ -73,6 +73,18 @@ def chaos_skewed_source(kafka):
 
 
 @pytest.fixture(scope="session")
+def chaos_avro_source(kafka, schema_registry):
+    """As chaos_source, the orders in Avro of two writer schemas, with poisoned records
+    (harness.chaos.avro_source_records); started by the first schedule that reads it."""
+    topic = f"chaos-avro-{uuid.uuid4().hex[:8]}"
+    chaos.create_topic(kafka.address, topic, PARTITIONS)
+    records, avro = chaos.avro_source_records(schema_registry.address, topic, HOURS, PER_HOUR, PARTITIONS)
+    chaos.produce(kafka.address, topic, records)
+    yield {"topic": topic, "kafka_config": {"bootstrap.servers": kafka.address, "fetch.wait.max.ms": 10},
+           "avro": avro}
+
+
+@pytest.fixture(scope="session")
 def chaos_db(pg_server):
     """One ledger database for the suite; scenarios differ by pipeline and table."""
     name = f"eos_chaos_{uuid.uuid4().hex[:8]}"

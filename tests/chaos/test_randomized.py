@@ -9,7 +9,11 @@ zombie attempts that finish at random moments, a sweep, clears of committed
 windows (skip or replace), and the failed windows cleared round after round in
 random order until all are committed; one schedule in five reads a topic whose
 timestamps are out of order (harness.chaos.skewed_source_records: decreasing
-across window boundaries, some records hours late); one in twenty restarts
+across window boundaries, some records hours late); on PostgreSQL, every third
+seed that would read the ordered topic reads it in Avro instead (two writer
+schemas and poisoned records, decoded against the session's schema registry;
+the check accounts for each poisoned record as a dead letter with its reason,
+by lineage); one in twenty restarts
 PostgreSQL during its first runs (fast or immediate shutdown, at a moment drawn
 from the seed), on a server of its own. It ends with verify clean against Kafka
 and the totals (see chaos.check).
@@ -67,8 +71,10 @@ def schedules(request, pg_server, ledger_template, chaos_source, chaos_skewed_so
     keys = [(params["target"], params["seed"])
             for params in selected_params(request, "test_randomized_schedule_is_exactly_once")]
     # Started here, in the fixture's thread, if a selected schedule needs it.
-    hdfs = (request.getfixturevalue("hdfs").address
-            if any(Schedule.draw(seed, target=target).store == "hdfs" for target, seed in keys) else None)
+    drawn = [Schedule.draw(seed, target=target) for target, seed in keys]
+    hdfs = request.getfixturevalue("hdfs").address if any(s.store == "hdfs" for s in drawn) else None
+    if any(s.source == "avro" for s in drawn):  # the schema registry too
+        sources["avro"] = request.getfixturevalue("chaos_avro_source")
 
     def one(target, seed):
         s = Schedule.draw(seed, target=target)

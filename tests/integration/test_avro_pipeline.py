@@ -23,7 +23,7 @@ from airflow_eos.core.windows import Window
 from airflow_eos.spark.stage import StageFailed, run_stage
 from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.verify import verify
-from test_avro_registry import BROKEN, V1, V2, register, serialize
+from harness.avro import BROKEN, V1, V2, register, serialize
 
 pytestmark = pytest.mark.slow
 

@@ -14,38 +14,7 @@ import pytest
 
 from airflow_eos.core.avro import AvroDecoder, latest_schema, registry_lookup
 from airflow_eos.core.errors import ConfigurationError, SourceUnavailable
-
-V1 = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"},
-                                                      {"name": "amount", "type": "double"}]}
-# a compatible change: a field with a default
-V2 = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"},
-                                                      {"name": "amount", "type": "double"},
-                                                      {"name": "note", "type": ["null", "string"], "default": None}]}
-# not resolvable to V2: amount is a string
-BROKEN = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"},
-                                                          {"name": "amount", "type": "string"}]}
-
-
-def client(url: str):
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-
-    return SchemaRegistryClient({"url": url})
-
-
-def register(registry_url: str, subject: str, schema: dict) -> int:
-    from confluent_kafka.schema_registry import Schema
-
-    return client(registry_url).register_schema(subject, Schema(json.dumps(schema), "AVRO"))
-
-
-def serialize(registry_url: str, subject_topic: str, schema: dict, record: dict) -> bytes:
-    """What a producer with confluent-kafka's AvroSerializer writes (the schema registered already)."""
-    from confluent_kafka.schema_registry.avro import AvroSerializer
-    from confluent_kafka.serialization import MessageField, SerializationContext
-
-    serializer = AvroSerializer(client(registry_url), json.dumps(schema),
-                                conf={"auto.register.schemas": False, "use.latest.version": False})
-    return serializer(record, SerializationContext(subject_topic, MessageField.VALUE))
+from harness.avro import BROKEN, V1, V2, client, register, serialize
 
 
 @pytest.fixture
@@ -139,3 +108,28 @@ def test_the_reader_schema_a_plan_freezes_is_the_latest_the_topics_agree_on(sche
     with pytest.raises(SourceUnavailable, match=r"registry at http://127\.0\.0\.1:9/x did not answer") as down:
         latest_reader_schema({"url": "http://eos:s3cr3t@127.0.0.1:9/x", "max.retries": 0}, (f"{a}-value",))
     assert "s3cr3t" not in str(down.value)
+
+
+def test_the_harness_orders_decode_or_dead_letter_as_they_say(schema_registry, topic):
+    """harness.avro.avro_orders (the e2e, chaos and bench topics' records): each
+    record decodes under the subject's latest schema to what it says, or is
+    poisoned with the reason it says; both writer schemas and every kind of
+    poison are there."""
+    from harness.avro import avro_orders
+
+    url = schema_registry.address
+    orders = avro_orders(url, f"{topic}-h", [(n % 3, 1_700_000_000_000 + n) for n in range(60)])
+    _, reader = latest_schema(client(url), f"{topic}-h-value")
+    decoder = AvroDecoder(reader, registry_lookup(client(url)))
+    at = {}
+    for partition, _, value in orders.records:
+        at[(partition, sum(1 for k in at if k[0] == partition))] = decoder.decode(value)
+    assert at.keys() == orders.decoded.keys() | orders.poisoned.keys()
+    assert not orders.decoded.keys() & orders.poisoned.keys()
+    for key, record in orders.decoded.items():
+        assert at[key].record == record, key
+    for key, reason in orders.poisoned.items():
+        assert at[key].record is None and reason in at[key].error, (key, at[key])
+    assert len(set(orders.poisoned.values())) == 3
+    assert {d.schema_id for d in at.values() if d.record is not None} == {
+        at[k].schema_id for k in orders.decoded} and len({at[k].schema_id for k in orders.decoded}) == 2

@@ -14,7 +14,7 @@ import pytest
 
 from airflow_eos.core.errors import SourceUnavailable
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
-from test_avro_registry import BROKEN, V1, V2, register, serialize
+from harness.avro import BROKEN, V1, V2, register, serialize
 
 pytestmark = pytest.mark.slow
 

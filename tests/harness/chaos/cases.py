@@ -63,7 +63,8 @@ def new_pipeline(url: str, source: dict, name: str, *, on_committed: str = "skip
     return chaos.Pipeline(
         name=name, url=url, table=table, kafka_config=source["kafka_config"], topics=(source["topic"],),
         on_committed=on_committed, mode=mode, mirror_group=f"eos-mirror-{name}" if mirror else None,
-        target_kind=target, root=str(root) if target == "files" else None, target_topic=target_topic, **kwargs)
+        target_kind=target, root=str(root) if target == "files" else None, target_topic=target_topic,
+        avro=source.get("avro"), **kwargs)
 
 
 @contextlib.contextmanager

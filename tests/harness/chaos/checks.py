@@ -47,6 +47,8 @@ def check(h: Harness, windows: Sequence[int], *, sweep_first: bool = False) -> V
       a table of the ledger's database (:data:`READERS`: the file target's
       Parquet, read with PyArrow), is the Kafka records of the committed
       windows by lineage, once each, and nothing else;
+    - an Avro source's poisoned records (``p.avro``) of the committed windows are
+      its dead letters, by lineage, each with its reason, and nothing else is;
     - every window emitted its Asset event; the mirrored consumer group (if
       any) holds the ledger's offsets.
     """
@@ -61,6 +63,8 @@ def check(h: Harness, windows: Sequence[int], *, sweep_first: bool = False) -> V
                             " AND state IN ('open', 'checkpointed', 'prepared')", (p.name,)).fetchall()
         left = LEFTOVERS[p.spec.kind](p, conn)
         read_problems = READERS[p.spec.kind](p, conn, windows) if p.spec.kind in READERS else []
+        if p.avro is not None:
+            read_problems += poisoned_record_problems(p, conn)
         n_attempts = conn.execute("SELECT count(*) FROM eos.attempts WHERE pipeline = %s", (p.name,)).fetchone()[0]
         ledger_offsets = attempts.load_offsets(conn, p.name)
     for i in windows:
@@ -93,6 +97,31 @@ def check(h: Harness, windows: Sequence[int], *, sweep_first: bool = False) -> V
         raise AssertionError("exactly-once violated:\n  " + "\n  ".join(problems)
                              + "\nwhat happened:\n" + h.history())
     return Verdict(report, len(windows), n_attempts, h.runs, h.faults_fired())
+
+
+def poisoned_record_problems(p: Pipeline, conn) -> list[str]:
+    """The committed windows' dead letters against the Avro source's poisoned
+    records in the windows' frozen ranges: the same (partition, offset)s, each
+    dead letter with its record's reason."""
+    assert p.avro is not None
+    ranges = conn.execute(
+        "SELECT r.partition, r.start_offset, r.end_offset FROM eos.window_ranges r"
+        " JOIN eos.windows w USING (pipeline, window_start) WHERE r.pipeline = %s AND w.state = 'committed'",
+        (p.name,)).fetchall()
+    expected = {(partition, offset): reason for partition, offset, reason in p.avro.poisoned
+                if any(partition == q and start <= offset < end for q, start, end in ranges)}
+    dead = {(partition, offset): error for partition, offset, error in conn.execute(
+        'SELECT partition, "offset", error FROM eos.dead_letters WHERE pipeline = %s', (p.name,)).fetchall()}
+    problems = []
+    if dead.keys() != expected.keys():
+        problems.append(f"dead letters {sorted(dead.keys() - expected.keys())} are not poisoned records; poisoned "
+                        f"records {sorted(expected.keys() - dead.keys())} are not dead letters")
+    wrong = {k: dead[k] for k in dead.keys() & expected.keys() if expected[k] not in dead[k]}
+    if wrong:
+        problems.append(f"dead letters without their record's reason: {wrong}")
+    if not expected:
+        problems.append("the committed windows hold no poisoned record: nothing of the Avro source was checked")
+    return problems
 
 
 def attempt_states(p: Pipeline, i: int) -> list[tuple[int, str]]:

@@ -39,7 +39,7 @@ from harness.chaos.pipeline import (
     stage_attempt,
     stage_step,
 )
-from harness.chaos.source import spark_transform, transform_batch
+from harness.chaos.source import batch_transform, spark_transform
 
 log = logging.getLogger(__name__)
 
@@ -351,8 +351,9 @@ class Zombie:
         from airflow_eos.spark.kafka_source import plan_tasks, read_range
 
         task = plan_tasks(plan, p.max_records_per_task)[0]
+        transform = batch_transform(p.avro, plan.reader_schema)
         for raw in read_range(p.kafka_config, task, batch_rows=p.batch_rows, end_grace_s=0.5, poll_timeout_s=20):
-            batches.append(transform_batch(raw)[0])
+            batches.append(transform(raw)[0])
         self.first_chunk = writer.write(batches)
 
     def finish(self) -> str:

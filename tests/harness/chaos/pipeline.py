@@ -27,7 +27,7 @@ from airflow_eos.targets.files import FileTarget
 from airflow_eos.targets.iceberg import IcebergTarget
 from airflow_eos.targets.kafka import KafkaTarget
 from airflow_eos.targets.postgres.target import PostgresTarget
-from harness.chaos.source import HOUR, T0, transform_batch
+from harness.chaos.source import HOUR, T0, AvroSource, batch_transform
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,9 @@ class Pipeline:
     # The plan's: a partition with no record at/after a window's end holds the window this long after the end
     # (the suite's windows end long ago: a longer grace keeps one waiting, as a window that has just ended).
     idle_partition_grace: timedelta = timedelta(minutes=5)
+    # The source topic's values are Avro (the plan freezes the reader schema, the stage job's stand-in
+    # decodes with it as the eos_kafka reader does); None: JSON.
+    avro: AvroSource | None = None
 
     @property
     def spec(self) -> TargetSpec:
@@ -159,8 +162,9 @@ class Pipeline:
 def plan_step(p: Pipeline, window: Window) -> dict:
     """EosPlanWindowOperator: steps.plan (the window is closed in these tests)."""
     with KafkaLog(dict(p.kafka_config)) as kafka_log:
-        plan = steps.plan(p.ledger, kafka_log, PlanRequest(window, p.topics, p.idle_partition_grace,
-                                                           target_id=p.claimed_target))
+        plan = steps.plan(p.ledger, kafka_log, PlanRequest(
+            window, p.topics, p.idle_partition_grace, target_id=p.claimed_target,
+            reader_schema=p.avro.reader_schema(p.topics) if p.avro is not None else None))
     if plan is None:
         raise NotReady(f"window {window} is not closed")
     return plan.to_dict()
@@ -179,6 +183,7 @@ def stage_attempt(p: Pipeline, plan: WindowPlan, attempt: Attempt, *,
     consumed: list[ConsumedRange] = []
     chunks = []
     seen = 0
+    transform = batch_transform(p.avro, plan.reader_schema)
     for task in plan_tasks(plan, p.max_records_per_task):
         stats = ReadStats()
         dead: list[dict] = []
@@ -190,7 +195,7 @@ def stage_attempt(p: Pipeline, plan: WindowPlan, attempt: Attempt, *,
                 if seen and between_batches is not None:
                     between_batches(seen)
                 seen += 1
-                good, bad = transform_batch(raw)
+                good, bad = transform(raw)
                 dead.extend(bad)
                 yield good
 

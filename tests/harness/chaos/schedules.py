@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psycopg
@@ -22,6 +22,10 @@ from harness.chaos.pipeline import ACTIONS, ON_COMMITTED, STORES, TARGET_POINTS,
 SKEWED = 0.2  # the share of schedules that read the topic of skewed timestamps (it costs nothing more)
 # The share of schedules that restart PostgreSQL: each needs a server of its own (~2 s to start).
 PG_RESTART = 0.05
+# The targets whose schedules read the Avro topic (harness.chaos.avro_source_records: two writer
+# schemas, poisoned records) in place of the ordered one, seed after seed in turn: one in AVRO_EVERY.
+AVRO_TARGETS = ("postgres",)
+AVRO_EVERY = 3
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,8 @@ class Schedule:
     target_mode: str = "replace_window"  # how the PostgreSQL target publishes (replace_window or partition_per_window)
     target: str = "postgres"  # one of TARGETS: chosen by the caller, not drawn (a seed replays on its target)
     # The source topic: "ordered" (source_records) or "skewed" (skewed_source_records: timestamps
-    # out of order, decreasing across window boundaries, some hours late).
+    # out of order, decreasing across window boundaries, some hours late) or "avro" (the ordered
+    # topic's places in Avro: avro_source_records; on AVRO_TARGETS, a turn of the seed, not a draw).
     source: str = "ordered"
     # PostgreSQL restarted during the first runs (pg_ctl's shutdown mode: fast, or
     # immediate = a crash), at pg_restart_after seconds; None: not restarted. Such a
@@ -64,7 +69,9 @@ class Schedule:
         """The schedule of ``seed`` on ``target``: faults at the points the
         target's code reaches (for PostgreSQL the same draws as before the file
         target's points existed); on a target with several stores, seed after
-        seed takes them in turn (the file target: even seeds local, odd HDFS)."""
+        seed takes them in turn (the file target: even seeds local, odd HDFS);
+        on AVRO_TARGETS, every AVRO_EVERY-th seed that drew the ordered topic
+        reads the Avro one instead (its other draws unchanged)."""
         rng = random.Random(seed)
         points = sorted(TARGET_POINTS[target])
         n = rng.randint(2, max_windows)
@@ -81,7 +88,7 @@ class Schedule:
         for i in rng.sample(range(n), k=rng.choice((0, 0, 1))):  # a duplicate run: a clear while running
             order.insert(rng.randrange(len(order) + 1), i)
         on_committed = rng.choice(("skip", "replace"))
-        return cls(
+        schedule = cls(
             seed=seed, windows=n, on_committed=on_committed if on_committed in ON_COMMITTED[target] else "skip",
             retries=rng.choice((0, 0, 1, 2)),
             parallel=rng.choice((1, 2, 4)), mirror=rng.random() < 0.3,
@@ -98,6 +105,9 @@ class Schedule:
             target=target,
             store=stores[seed % len(stores)] if (stores := STORES.get(target)) else "local",
         )
+        if schedule.source == "ordered" and target in AVRO_TARGETS and seed % AVRO_EVERY == 0:
+            return replace(schedule, source="avro")
+        return schedule
 
     def __str__(self) -> str:
         faults = "; ".join(f"w{i}: {spec}" for i, spec in sorted(self.faults.items())) or "none"

@@ -9,7 +9,8 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -78,6 +79,35 @@ def skewed_source_records(hours: int, per_hour: int, partitions: int, *,
         stamped = ts - late if k % 11 == 7 else ts + rng.randint(-jitter, jitter)
         out.append((partition, max(floor, stamped), value))
     return out + closing
+
+
+@dataclass(frozen=True)
+class AvroSource:
+    """The chaos topic's values in Avro (harness.avro.avro_orders, at source_records'
+    places): the schema registry (a plan freezes the value subject's latest, V2,
+    as the reader schema; writer schemas are resolved in it by id), and each
+    poisoned record's (partition, offset, what its dead letter's reason says)."""
+
+    registry_url: str
+    poisoned: tuple[tuple[int, int, str], ...]
+
+    def reader_schema(self, topics: tuple[str, ...]) -> Callable[[], str]:
+        """PlanRequest's reader_schema, as the plan hook gives it: the subjects' latest, read at freezing."""
+        from airflow_eos.core.avro import latest_reader_schema
+
+        return lambda: latest_reader_schema({"url": self.registry_url}, tuple(f"{t}-value" for t in sorted(topics)))
+
+
+def avro_source_records(registry_url: str, topic: str, hours: int, per_hour: int,
+                        partitions: int) -> tuple[list[tuple[int, int, bytes]], AvroSource]:
+    """source_records' places (partitions, timestamps) holding Avro orders of two
+    writer schemas and poisoned records of each kind instead of JSON orders."""
+    from harness.avro import avro_orders
+
+    stamps = [(partition, ts) for partition, ts, _ in source_records(hours, per_hour, partitions)]
+    orders = avro_orders(registry_url, topic, stamps)
+    poisoned = tuple(sorted((p, o, reason) for (p, o), reason in orders.poisoned.items()))
+    return orders.records, AvroSource(registry_url, poisoned)
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[int, int, bytes]]) -> None:
@@ -177,6 +207,46 @@ def transform_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[dict]]:
         rows["eos_partition"].append(partition)
         rows["eos_offset"].append(offset)
     return pa.record_batch([pa.array(rows[f.name], f.type) for f in _OUT_SCHEMA], schema=_OUT_SCHEMA), dead
+
+
+def avro_transform_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[dict]]:
+    """transform_batch for the Avro source's rows (Kafka columns, the reader
+    schema's fields, eos_decode_error): a record that did not decode is a dead
+    letter with the decoder's reason, as the stage job makes it; a decoded one,
+    its row (amount to cents)."""
+    rows: dict[str, list] = {name: [] for name in _OUT_SCHEMA.names}
+    dead = []
+    names = ("key", "value", "topic", "partition", "offset", "id", "amount", "eos_decode_error")
+    cols = {name: batch.column(name).to_pylist() for name in names}
+    for key, value, topic, partition, offset, n, amount, error in zip(*cols.values()):
+        if error is not None:
+            dead.append({"topic": topic, "partition": partition, "offset": offset, "error": error,
+                         "key": key, "value": value})
+            continue
+        rows["id"].append(n)
+        rows["amount"].append(Decimal(f"{amount:.2f}"))
+        rows["eos_topic"].append(topic)
+        rows["eos_partition"].append(partition)
+        rows["eos_offset"].append(offset)
+    return pa.record_batch([pa.array(rows[f.name], f.type) for f in _OUT_SCHEMA], schema=_OUT_SCHEMA), dead
+
+
+def batch_transform(avro: AvroSource | None,
+                    reader_schema: str | None) -> Callable[[pa.RecordBatch], tuple[pa.RecordBatch, list[dict]]]:
+    """What the stage job's stand-in does to each batch the reader yields: the
+    transform, after decoding the values of an Avro source with the plan's
+    frozen ``reader_schema`` as the eos_kafka reader does
+    (airflow_eos.spark.avro_columns, writer schemas cached)."""
+    if avro is None:
+        return transform_batch
+    from airflow_eos.spark.avro_columns import registry_decoder, source_schema, with_decoded
+    from airflow_eos.spark.kafka_source import KAFKA_SCHEMA
+
+    if reader_schema is None:
+        raise AssertionError("an Avro source's plan froze no reader schema")
+    decoder = registry_decoder(reader_schema, {"url": avro.registry_url})
+    schema = source_schema(KAFKA_SCHEMA, reader_schema)
+    return lambda batch: avro_transform_batch(with_decoded(batch, decoder, schema))
 
 
 def spark_transform(df):
