@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from harness.avro import BROKEN, V1, V2, register, serialize
 
 from airflow_eos import steps
 from airflow_eos.core.avro import latest_reader_schema
@@ -23,7 +24,6 @@ from airflow_eos.core.windows import Window
 from airflow_eos.spark.stage import StageFailed, run_stage
 from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.verify import verify
-from harness.avro import BROKEN, V1, V2, register, serialize
 
 pytestmark = pytest.mark.slow
 
