@@ -7,6 +7,7 @@ ends in ``check`` and a lineage check: see harness/real_kafka.py.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -17,12 +18,12 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
-
-from airflow_eos.core.errors import TransactionOpen
-from airflow_eos.core.kafka_client import client_logging
 from harness import chaos
 from harness.chaos import Harness, check, record_value
 from harness.real_kafka import assert_lineage, ms, on_topic, order_id, published_ids
+
+from airflow_eos.core.errors import TransactionOpen
+from airflow_eos.core.kafka_client import client_logging
 
 # The suite's windows ended long ago: a grace longer than that keeps a window
 # waiting for a partition that has not passed its end, as a window just ended.
@@ -143,6 +144,10 @@ def test_a_transaction_open_past_the_grace_holds_its_window_until_it_ends_then_t
     chaos.create_topic(kafka.address, topic, 2)
     p = on_topic(make_pipeline(f"txn_open_{ending}"), topic)  # the default grace: window 0 ended long ago
     h = Harness(p, tmp_path)
+    # While the transaction holds the window, each stage waits poll_timeout_s with its COPY into the
+    # staging open, and an open COPY holds every DROP DATABASE on the server (PostgreSQL waits for all
+    # sessions to absorb its barrier): other workers' tests would wait for it. Held, it waits 3 s.
+    held = dataclasses.replace(p, poll_timeout_s=3.0)
     chaos.produce(kafka.address, topic, [(1, ms(m), record_value(2000 + m)) for m in range(0, 130, 5)])
     writer, other = transactional_producer(kafka), transactional_producer(kafka)
     try:
@@ -153,16 +158,16 @@ def test_a_transaction_open_past_the_grace_holds_its_window_until_it_ends_then_t
         held_range = plan["ranges"][0]
         assert (held_range["partition"], held_range["start_offset"], held_range["end_offset"]) == (0, 0, 24), plan
 
-        with pytest.raises(TransactionOpen) as held:
-            chaos.stage_step(p, plan)
-        message = str(held.value)
+        with pytest.raises(TransactionOpen) as held_by:
+            chaos.stage_step(held, plan)
+        message = str(held_by.value)
         assert f"the last stable offset of {topic}[0] is held at 21 by a producer transaction still open" in message
         assert "below 24, where the planned range ends (the log ends at 24)" in message, message
         assert "transaction.timeout.ms" in message and "The brokers answer" in message, message
         assert f"abort --topic {topic} --partition 0 --start-offset 21" in message, message
         assert "no answer from Kafka" not in message, message
         assert chaos.attempt_states(p, 0) == [(1, "aborted")]
-        rerun = h.run(0)
+        rerun = Harness(held, tmp_path / "held").run(0)
         assert rerun.tries == [("plan", "ok"), ("stage", "raised TransactionOpen"), ("abort", "ok")], rerun.tries
         assert chaos.attempt_states(p, 0) == [(1, "aborted"), (2, "aborted")]
         assert published_ids(p) == [], "published while the transaction was open"

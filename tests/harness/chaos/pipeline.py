@@ -111,6 +111,9 @@ class Pipeline:
     mirror_group: str | None = None
     max_records_per_task: int = 40  # lower it for several read/write tasks (chunks) per partition
     batch_rows: int = 8  # stage.mid_write fires after a batch is written, before its task's chunk is committed
+    # How long a read waits for Kafka to answer before it fails; while it waits,
+    # the stage's COPY into its staging stays open.
+    poll_timeout_s: float = 20.0
     target_kind: str = "postgres"  # one of TARGETS
     root: str | None = None  # the file target's root directory
     target_topic: str | None = None  # the Kafka target's topic (on the source's cluster)
@@ -191,7 +194,7 @@ def stage_attempt(p: Pipeline, plan: WindowPlan, attempt: Attempt, *,
         def rows(task=task, stats=stats, dead=dead):
             nonlocal seen
             for raw in read_range(p.kafka_config, task, batch_rows=p.batch_rows, end_grace_s=0.5,
-                                  poll_timeout_s=20, stats=stats):
+                                  poll_timeout_s=p.poll_timeout_s, stats=stats):
                 if seen and between_batches is not None:
                     between_batches(seen)
                 seen += 1
