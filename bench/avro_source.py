@@ -20,10 +20,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 from measure import checkpoint, median_run
-from records import HOUR, PARTITIONS, REPO, biggest_window, produce
+from records import HOUR, REPO, biggest_window, fresh_topic
 from windows import run_exactly_once
 
 # harness.avro: the example's schemas and the serializer the tests write Avro with
@@ -53,19 +52,7 @@ def avro_values(registry_url: str):
 
 def fresh_avro_topic(bench, registry_url: str, size: int) -> tuple[dict[int, int], float]:
     """The Avro topic again with ``size`` orders: each partition's window end offset, the seconds producing took."""
-    from confluent_kafka.admin import NewTopic
-
-    for f in bench.admin.delete_topics([TOPIC]).values():
-        try:
-            f.result(15)
-        except Exception:  # noqa: BLE001 - it did not exist
-            pass
-    time.sleep(0.5)
-    for f in bench.admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
-        f.result(15)
-    started = time.perf_counter()
-    ends = produce(bench.bootstrap, TOPIC, size, PARTITIONS, value=avro_values(registry_url))
-    return ends, time.perf_counter() - started
+    return fresh_topic(bench, size, TOPIC, value=avro_values(registry_url))
 
 
 def decode_ceiling(registry_url: str, size: int, meter) -> dict:

@@ -92,3 +92,24 @@ def biggest_window(results: dict) -> dict:
     """The results of the run's 1M window (its biggest in a shorter run): the
     window every section's headline figures are taken from."""
     return results["sizes"].get(1_000_000) or results["sizes"][max(results["sizes"])]
+
+
+def fresh_topic(bench, size: int, topic: str = TOPIC, value: Callable[[int], bytes] | None = None,
+                ) -> tuple[dict[int, int], float]:
+    """``topic`` again, with the window's ``size`` records (``value``: see
+    :func:`produce`): each partition's end offset, and the seconds producing took."""
+    import time
+
+    from confluent_kafka.admin import NewTopic
+
+    for f in bench.admin.delete_topics([topic]).values():
+        try:
+            f.result(15)
+        except Exception:  # noqa: BLE001 - it did not exist
+            pass
+    time.sleep(0.5)
+    for f in bench.admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+        f.result(15)
+    started = time.perf_counter()
+    ends = produce(bench.bootstrap, topic, size, PARTITIONS, **({"value": value} if value else {}))
+    return ends, time.perf_counter() - started

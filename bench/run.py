@@ -110,7 +110,7 @@ from machine import heavy_processes, machine_info  # noqa: E402
 from measure import CpuMeter, checkpoint, median_run  # noqa: E402
 from peer import measure_peer, peer_headline, peer_ratios  # noqa: E402
 from readers import measure_readers  # noqa: E402
-from records import HERE, HOUR, PARTITIONS, TOPIC, produce  # noqa: E402
+from records import HERE, HOUR, TOPIC, fresh_topic  # noqa: E402
 from report import QUIET_LOAD, headline, render, render_markdown, write_results  # noqa: E402
 from windows import airflow_env, load_dags, run_exactly_once  # noqa: E402
 
@@ -430,23 +430,6 @@ def drop_databases(bench: Bench, urls: dict[str, str]) -> None:
     for url in urls.values():
         with psycopg.connect(bench.pg_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{conninfo_to_dict(url)["dbname"]}" WITH (FORCE)')
-
-
-def fresh_topic(bench: Bench, size: int) -> tuple[dict[int, int], float]:
-    """The topic again, with the window's records: each partition's end offset, and the seconds producing took."""
-    from confluent_kafka.admin import NewTopic
-
-    for f in bench.admin.delete_topics([TOPIC]).values():
-        try:
-            f.result(15)
-        except Exception:  # noqa: BLE001 - it did not exist
-            pass
-    time.sleep(0.5)
-    for f in bench.admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
-        f.result(15)
-    t = time.perf_counter()
-    ends = produce(bench.bootstrap, TOPIC, size, PARTITIONS)
-    return ends, time.perf_counter() - t
 
 
 def warm_up(bench: Bench, size: int, url: str, run_after: datetime) -> float:
