@@ -167,6 +167,8 @@ class Live:
             if ti["state"] in ("failed", "upstream_failed", "up_for_retry"):
                 text = self.stack.task_log(DAG_ID, run_id, ti["task_id"], ti["try_number"])
                 out.append(f"--- {ti['task_id']} try {ti['try_number']}\n{text[-3000:]}")
+                if ti.get("id"):  # the scheduler's and the API server's word on this try
+                    out.append(self.stack.lines_with(ti["id"]))
         if len(out) > len(tis):  # a task failed: what the scheduler and the API server said around it
             out.append(self.stack.tail(lines=80))
         return "\n".join(out)

@@ -525,6 +525,20 @@ class AirflowStack:
                 out.append(f"--- {p.name} ({p.log_path})\n" + "\n".join(text[-lines:]))
         return "\n".join(out)
 
+    def lines_with(self, needle: str, after: int = 3, most: int = 60) -> str:
+        """Each process's output lines that mention ``needle`` (e.g. a task
+        instance's id) and the ``after`` lines that follow each (a traceback),
+        for failure messages: a tail may start after what went wrong."""
+        out = []
+        for p in self.processes:
+            text = p.log_path.read_text(errors="replace").splitlines() if p.log_path.exists() else []
+            keep = sorted({j for i, line in enumerate(text) if needle in line
+                           for j in range(i, min(i + after + 1, len(text)))})
+            if keep:
+                out.append(f"--- {p.name} lines with {needle} ({p.log_path})\n"
+                           + "\n".join(text[j] for j in keep[-most:]))
+        return "\n".join(out)
+
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
         """A task try's log file, read from ``home/logs`` (same machine)."""
         base = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
