@@ -348,6 +348,9 @@ class Reader(threading.Thread):
             except OSError:  # listed before the swap, opened after: rerun the query
                 self.retried_reads += 1
                 continue
+            if self._doc() != before:  # read while the swap went on (HDFS: the window gone): proves nothing
+                self.retried_reads += 1
+                continue
             self.reads += 1
             lineage = Counter((r["eos_partition"], r["eos_offset"]) for r in rows)
             if len(rows) != self.expected_rows or any(c > 1 for c in lineage.values()):
