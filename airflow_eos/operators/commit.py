@@ -32,6 +32,13 @@ class EosCommitOperator(TargetHooks, BaseOperator):
     rerun commit that does nothing emits none. Reports OpenLineage (see
     ``operators/lineage.py``).
 
+    One commit task instance of a DAG runs at a time (``max_active_tis_per_dag=1``
+    unless given): Airflow's API server creates an alias's Asset on its first event
+    without a guard, so two windows' commits reporting the first event of a new
+    target at once collide on the Asset's unique key, and the server marks the
+    loser ``failed`` after it published. A commit takes well under a second, so
+    a backfill loses little by them waiting for each other.
+
     :param target: the window's target spec (e.g. PostgresTarget)
     :param attempt: the stage task's attempt (its XCom; templated)
     :param mirror_group_id: if set, also commit the pipeline's offsets to this
@@ -52,6 +59,7 @@ class EosCommitOperator(TargetHooks, BaseOperator):
         kafka_conn_id: str = DEFAULT_CONN_IDS[KAFKA],
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("max_active_tis_per_dag", 1)
         super().__init__(**kwargs)
         self.target = as_spec(target)
         self.attempt = attempt
