@@ -40,7 +40,7 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 import pytest  # noqa: E402
 
-from airflow_eos.embedded import hdfs_service, iceberg_rest_service, schema_registry_service  # noqa: E402
+from airflow_eos.embedded import iceberg_rest_service, schema_registry_service  # noqa: E402
 from harness import services, workers  # noqa: E402
 from harness.databases import empty_database  # noqa: E402
 from harness.topics import TopicFactory  # noqa: E402
@@ -153,10 +153,10 @@ def topics(kafka):
 
 
 @pytest.fixture(scope="session")
-def hdfs():
-    """HDFS (a NameNode and a DataNode, Hadoop's mini-cluster) of the session's own; started by the
-    first test that asks for it, so a worker without HDFS tests starts none."""
-    with hdfs_service() as handle:
+def hdfs(pytestconfig):
+    """HDFS (a NameNode and a DataNode, Hadoop's mini-cluster), the run's (one for all xdist workers:
+    harness/services.py); started when a test first asks for it, so a run without HDFS tests starts none."""
+    with services.on_demand(pytestconfig, "hdfs") as handle:
         yield handle
 
 
