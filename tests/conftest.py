@@ -81,6 +81,12 @@ def pytest_configure_node(node):
     services.hand_to_worker(node)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, with the longest modules split (harness/workers.py)."""
+    return workers.scheduler(config, log)
+
+
 def pytest_unconfigure(config):
     services.stop()
 

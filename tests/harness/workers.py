@@ -65,6 +65,12 @@ SLOWEST_FIRST = (
 )
 _RANK = {path: n for n, path in enumerate(SLOWEST_FIRST)}
 
+# Modules longer than a worker's share, handed out a unit per contract target (the part of a test's id in
+# brackets, up to the fault point) instead of whole: test_sink_contract ran 260 s on one of test-fast's
+# workers and ended 15 s after the others. Their tests share no module-scoped fixture, so nothing is set
+# up twice.
+SPLIT_BY_TARGET = ("tests/integration/test_sink_contract.py",)
+
 _config = None
 
 
@@ -83,6 +89,34 @@ def is_controller() -> bool:
 def rank(item) -> int:
     """An item's module's place in SLOWEST_FIRST (unnamed modules after them)."""
     return _RANK.get(item.nodeid.split("::", 1)[0], len(SLOWEST_FIRST))
+
+
+def scheduler(config, log):
+    """``--dist loadfile``'s scheduling, with the modules of SPLIT_BY_TARGET split
+    (pytest_xdist_make_scheduler); None for any other ``--dist``."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadFileSplittingLongModules(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit(nodeid)
+
+    return LoadFileSplittingLongModules(config, log)
+
+
+def unit(nodeid: str) -> str:
+    """The unit of work ``nodeid`` is handed out in: its module, or for a module
+    of SPLIT_BY_TARGET, its module and contract target."""
+    path, _, test = nodeid.partition("::")
+    if path not in SPLIT_BY_TARGET or "[" not in test:
+        return path
+    from harness.sink_contract import CONTRACT_TARGETS
+
+    param = test.split("[", 1)[1].rstrip("]")
+    target = max((name for name in CONTRACT_TARGETS if param == name or param.startswith(name + "-")),
+                 key=len, default=param)
+    return f"{path}[{target}]"
 
 
 # A soak runs for hours and pytest prints failures only at its end: with this
