@@ -27,7 +27,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from airflow_eos import PostgresTarget
 from airflow_eos.core.ledger import Ledger
@@ -35,6 +35,7 @@ from airflow_eos.verify import verify
 from airflow_eos.core.windows import to_millis
 from harness import browser as ui
 from harness.airflow_stack import SMALL_MACHINE_SPARK_DEFAULTS, airflow_stack, postgres_database
+from harness.topics import recreate_topic
 
 # Correctness first: on a 2-core machine shared with other Spark work, a window's
 # spark-submit alone can take minutes, so the waits are generous.
@@ -58,14 +59,7 @@ def produce_orders(bootstrap: str) -> dict[int, int]:
     """Order events in HOURS hourly windows from T0 (every 50th malformed: a dead
     letter), then one record per partition after the last window so it closes.
     Returns the number of records per window."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.delete_topics(["orders"]).values():
-        try:
-            f.result(15)
-        except Exception:  # noqa: BLE001 - it did not exist
-            pass
-    for f in admin.create_topics([NewTopic("orders", PARTITIONS, 1)]).values():
-        f.result(15)
+    recreate_topic(bootstrap, "orders", PARTITIONS)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
     per_window: dict[int, int] = {}
     for h in range(HOURS):

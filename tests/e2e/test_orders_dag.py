@@ -14,7 +14,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka.admin import NewTopic
 
 from airflow_eos import PostgresTarget
 from airflow_eos.core.ledger import Ledger
@@ -22,6 +21,7 @@ from airflow_eos.verify import verify
 from airflow_eos.core.windows import to_millis
 
 from harness.dags import register_dag, run_window, states
+from harness.topics import recreate_topic
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +46,7 @@ def load_dag(name: str):
 
 def fresh_topic(topics, name: str, partitions: int = 4) -> None:
     """The example DAGs read fixed topic names; give this test its own copy."""
-    for f in topics.admin.delete_topics([name]).values():
-        try:
-            f.result(15)
-        except Exception:  # noqa: BLE001 - it did not exist
-            pass
-    for f in topics.admin.create_topics([NewTopic(name, partitions, 1)]).values():
-        f.result(15)
+    recreate_topic(topics.bootstrap, name, partitions)
     topics.created.append(name)
 
 

@@ -35,6 +35,30 @@ def create_topic(bootstrap: str, name: str, partitions: int, config: dict | None
         time.sleep(0.05)
 
 
+def delete_topic(bootstrap: str, name: str, *, missing_ok: bool = False, timeout: float = 15.0) -> None:
+    """Delete a topic and wait until the broker's metadata no longer serves it
+    (as :func:`create_topic` waits for it to be served): a topic created again
+    at once could otherwise be told apart from the old one by no client."""
+    admin = AdminClient({**client_logging(), "bootstrap.servers": bootstrap})
+    for f in admin.delete_topics([name]).values():
+        try:
+            f.result(timeout=timeout)
+        except KafkaException as exc:
+            if not (missing_ok and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                raise
+    deadline = time.monotonic() + timeout
+    while name in admin.list_topics(timeout=timeout).topics:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"topic {name} still served {timeout:.0f}s after its deletion")
+        time.sleep(0.05)
+
+
+def recreate_topic(bootstrap: str, name: str, partitions: int, config: dict | None = None) -> None:
+    """The topic ``name``, empty: deleted if it exists, then created and served."""
+    delete_topic(bootstrap, name, missing_ok=True)
+    create_topic(bootstrap, name, partitions, config)
+
+
 class TopicFactory:
     """Creates uniquely named topics and produces records with chosen timestamps."""
 

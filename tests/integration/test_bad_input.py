@@ -27,6 +27,7 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.embedded import PostgresServer
 from harness import chaos
 from harness.leaks import PASSWORD, leaked
+from harness.topics import create_topic, delete_topic
 
 HOURS = 3  # windows in the source topic
 PER_HOUR = 3
@@ -276,17 +277,13 @@ def test_a_recreated_topic_fails_the_rerun_loudly_and_keeps_what_was_committed(p
     data; a clear of window 1 (frozen plan) and window 2 planned after window
     1's frozen end both fail with LogTruncated saying what to do; the target's
     rows and the ledger's offsets are what they were."""
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = source_topic(kafka.address)
     p = pipeline(pg_url, kafka.address, topic)
     committed(p, tmp_path)
     before = ledger_state(pg_url, p.name), target_rows(pg_url, p.table)
-    admin = AdminClient({"bootstrap.servers": kafka.address})
-    for f in admin.delete_topics([topic]).values():
-        f.result(15)
-    for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
-        f.result(15)
+    delete_topic(kafka.address, topic)
+    create_topic(kafka.address, topic, PARTITIONS)
     chaos.produce(kafka.address, topic, chaos.source_records(1, 1, PARTITIONS))  # 2 records an hour, hour 0 only
 
     with pytest.raises(LogTruncated) as caught:

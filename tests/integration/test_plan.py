@@ -33,6 +33,7 @@ from airflow_eos.core.kafka_client import client_logging
 from airflow_eos.core.source import PROBE_FETCH_BYTES, KafkaLog
 from airflow_eos.core.windows import Window, to_millis
 from airflow_eos.embedded import free_port
+from harness.topics import create_topic, delete_topic
 from memlog import MemoryLog
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -94,12 +95,9 @@ def ten_hour_topic(kafka):
     """3 partitions over 10 hours: p0 dense, p1 sparse with offset gaps from
     transactions, p2 empty. Timestamps grow with offsets."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     name = f"tiling-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": kafka.address})
-    for f in admin.create_topics([NewTopic(name, 3, 1)]).values():
-        f.result(15)
+    create_topic(kafka.address, name, 3)
     dense = Producer({"bootstrap.servers": kafka.address, "linger.ms": 5})
     for i in range(3000):  # one record every 12 s
         dense.produce(name, value=b"d%d" % i, partition=0, timestamp=ms(T0) + i * 12_000)
@@ -117,8 +115,7 @@ def ten_hour_topic(kafka):
     del dense, tx
     records = read_all(kafka.address, name, 3)
     yield name, records
-    for f in admin.delete_topics([name]).values():
-        f.result(15)
+    delete_topic(kafka.address, name)
 
 
 boundaries = st.lists(st.integers(0, 11 * 60), min_size=2, max_size=7, unique=True).map(sorted)
@@ -413,12 +410,8 @@ def test_expired_offsets_on_real_kafka(ledger, kafka_config, topics):
 
 def recreate(topics, topic):
     """Delete the topic and create it again, empty (one partition)."""
-    from confluent_kafka.admin import NewTopic
-
-    for f in topics.admin.delete_topics([topic]).values():
-        f.result(15)
-    for f in topics.admin.create_topics([NewTopic(topic, 1, 1)]).values():
-        f.result(15)
+    delete_topic(topics.bootstrap, topic)
+    create_topic(topics.bootstrap, topic, 1)
 
 
 def test_recreated_topic_is_reported_as_truncated(ledger, kafka_config, topics, kafka):
@@ -798,13 +791,11 @@ def test_a_compacted_topic_plans_windows_that_tile_what_compaction_left(ledger, 
     still tile the log: every record that survived is in exactly one window,
     and no window's range has a record from outside it."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import NewTopic
 
     topic = f"compacted-{uuid.uuid4().hex[:8]}"
     config = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
               "min.compaction.lag.ms": "0", "delete.retention.ms": "100"}
-    for f in topics.admin.create_topics([NewTopic(topic, 1, 1, config=config)]).values():
-        f.result(15)
+    create_topic(topics.bootstrap, topic, 1, config)
     topics.created.append(topic)
     producer = Producer({**client_logging(), "bootstrap.servers": kafka_config["bootstrap.servers"]})
     try:

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from airflow_eos.core.kafka_client import consumer_config
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
@@ -28,6 +28,7 @@ from airflow_eos.spark.kafka_source import (
     READER_KAFKA_DEFAULTS,
     split_range,
 )
+from harness.topics import create_topic
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +96,7 @@ def gappy_log(kafka):
     bootstrap = kafka.address
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic = f"spark-src-{uuid.uuid4().hex[:8]}"
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(15)
+    create_topic(bootstrap, topic, PARTITIONS)
 
     def produce(producer, i):
         while True:

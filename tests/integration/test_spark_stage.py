@@ -22,7 +22,6 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
 from airflow_eos.core.attempt import load_checkpoint
@@ -31,6 +30,7 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
 from airflow_eos.spark.kafka_source import READER_KAFKA_DEFAULTS
+from harness.topics import create_topic, delete_topic
 
 pytestmark = pytest.mark.slow
 
@@ -97,9 +97,8 @@ def gappy(kafka):
     transaction of 1k (a commit marker per partition after each: offsets with
     gaps all along the log, the last offset of each partition a marker).
     Returns (topic, truth)."""
-    admin = AdminClient({"bootstrap.servers": kafka.address})
     topic = f"stage-gappy-{uuid.uuid4().hex[:8]}"
-    admin.create_topics([NewTopic(topic, GAPPY_PARTITIONS, 1)])[topic].result(15)
+    create_topic(kafka.address, topic, GAPPY_PARTITIONS)
 
     def record(i):
         headers = [("trace", b"t%d" % i)] if i % 50 == 0 else None
@@ -120,7 +119,7 @@ def gappy(kafka):
         i += GAPPY_TXN_RECORDS
     truth = _read_log(kafka.address, topic, GAPPY_PARTITIONS)
     yield topic, truth
-    admin.delete_topics([topic])[topic].result(15)
+    delete_topic(kafka.address, topic)
 
 
 def mixed_value(i: int) -> bytes:
@@ -152,16 +151,15 @@ def expected_kind(value: bytes) -> str:
 @pytest.fixture(scope="module")
 def mixed(kafka):
     """2 partitions, 6000 orders, some malformed. Returns (topic, truth)."""
-    admin = AdminClient({"bootstrap.servers": kafka.address})
     topic = f"stage-mixed-{uuid.uuid4().hex[:8]}"
-    admin.create_topics([NewTopic(topic, MIXED_PARTITIONS, 1)])[topic].result(15)
+    create_topic(kafka.address, topic, MIXED_PARTITIONS)
     producer = Producer({"bootstrap.servers": kafka.address, "enable.idempotence": True, "linger.ms": 5})
     _produce_all(producer, topic, ((i % MIXED_PARTITIONS, b"k%d" % i, mixed_value(i), None)
                                    for i in range(MIXED_RECORDS)))
     assert producer.flush(30) == 0
     truth = _read_log(kafka.address, topic, MIXED_PARTITIONS)
     yield topic, truth
-    admin.delete_topics([topic])[topic].result(15)
+    delete_topic(kafka.address, topic)
 
 
 # --------------------------------------------------------------------------- targets and ledger
@@ -720,9 +718,8 @@ def test_spark_submit_runs_the_job_with_the_operators_contract(pg_url, ledger, k
     from airflow_eos.spark.connector import kafka_connector_jars
     from airflow_eos.spark.submit import stage_job_arguments, stage_job_environment, stage_job_path
 
-    admin = AdminClient({"bootstrap.servers": kafka.address})
     topic = f"stage-submit-{uuid.uuid4().hex[:8]}"
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(15)
+    create_topic(kafka.address, topic, 2)
     producer = Producer({"bootstrap.servers": kafka.address, "linger.ms": 5})
 
     def order(i):
@@ -786,7 +783,7 @@ def test_spark_submit_runs_the_job_with_the_operators_contract(pg_url, ledger, k
            f"TooManyBadRecords: {failing}: the job dead-lettered {len(malformed)} records, more than " \
            f"max_bad_records={len(malformed) - 1}" in output, output[-5000:]
     assert attempt_state(pg_url, failing) == "aborted"
-    admin.delete_topics([topic])[topic].result(15)
+    delete_topic(kafka.address, topic)
 
 
 def test_a_failed_stage_job_is_reported_by_the_operator_with_the_jobs_error_first(pg_url, ledger, kafka,
@@ -906,9 +903,8 @@ def test_refused_values_are_isolated_per_column_not_per_row(pg_url, ledger, kafk
     from airflow_eos.spark.stage_settings import StageSettings
     from airflow_eos.spark.stager import TaskStager
 
-    admin = AdminClient({"bootstrap.servers": kafka.address})
     topic = f"stage-items-{uuid.uuid4().hex[:8]}"
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(15)
+    create_topic(kafka.address, topic, 1)
     producer = Producer({"bootstrap.servers": kafka.address, "linger.ms": 5})
     _produce_all(producer, topic, ((0, b"k%d" % i, b"v%d" % i, None) for i in range(10_000)))
     assert producer.flush(30) == 0
@@ -952,7 +948,7 @@ def test_refused_values_are_isolated_per_column_not_per_row(pg_url, ledger, kafk
         else:
             assert error == ('items refused the row: value too long for type character varying(4) '
                              '(column code: "TOOLONG")'), error
-    admin.delete_topics([topic])[topic].result(15)
+    delete_topic(kafka.address, topic)
 
 
 def test_a_column_the_target_refuses_for_every_row_fails_the_stage(spark, pg_url, ledger, kafka_config, mixed):

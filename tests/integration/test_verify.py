@@ -27,6 +27,7 @@ from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.source import KafkaLog
 from airflow_eos.verify import verify
 from airflow_eos.core.windows import Cut, PartitionRange, TopicPartition, Window, WindowPlan, to_millis
+from harness.topics import create_topic, delete_topic
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)
@@ -89,12 +90,9 @@ def build(ledger, kafka_config, target, *, windows=3, commit=None, dead=(), aggr
     (partition, offset) pairs that the transform dead-letters. ``frozen``:
     ``(log, topic) -> plans`` frozen into the ledger as they are (as an older
     planner or a person froze them) instead of planning."""
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = f"orders-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient(kafka_config)
-    for f in admin.create_topics([NewTopic(topic, 2, 1)]).values():
-        f.result(15)
+    create_topic(kafka_config["bootstrap.servers"], topic, 2)
     if stamps is None:
         stamps = [(p, to_millis(T0 + i * HOUR + timedelta(minutes=m)), f"{p}:{i}:{m}".encode())
                   for i in range(windows) for p in (0, 1) for m in minutes]
@@ -511,14 +509,10 @@ def test_a_hostile_table_name_is_quoted(pg_url, ledger, kafka_config, orders):
 def test_a_recreated_topic_is_reported_not_mistaken_for_extra_rows(ledger, kafka_config, orders):
     """Records the plan names but Kafka no longer has cannot be checked: said
     loudly per range; the window's rows are not called extra for it."""
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     built = build(ledger, kafka_config, orders.sink(), windows=2)
-    admin = AdminClient(kafka_config)
-    for f in admin.delete_topics([built.topic]).values():
-        f.result(15)
-    for f in admin.create_topics([NewTopic(built.topic, 2, 1)]).values():
-        f.result(15)
+    delete_topic(kafka_config["bootstrap.servers"], built.topic)
+    create_topic(kafka_config["bootstrap.servers"], built.topic, 2)
     report = verify(ledger, kafka_config, orders, PIPELINE)
     assert kinds(report) == [v.SOURCE] * 4
     r = built.plans[1].ranges[1]
