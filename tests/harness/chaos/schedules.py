@@ -155,8 +155,22 @@ def _sweep_until(h: Harness, stop: threading.Event, rng: random.Random) -> None:
     while not stop.wait(rng.uniform(0.02, 0.4)):
         try:
             h.sweep()
-        except (LedgerUnavailable, psycopg.OperationalError) as exc:  # the database restarting: sweep again later
+        except Exception as exc:  # noqa: BLE001 - the database restarting: sweep again later; else the sweeper dies
+            if not _database_down(exc):
+                raise
             h.note(f"sweep failed: {type(exc).__name__}: {exc}")
+
+
+def _database_down(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is, or was caused by, the server refusing or dropping a
+    connection: the ledger's, or the Iceberg SQL catalog's on the same server
+    (the target reports that as a TargetError, caused by SQLAlchemy's error,
+    caused by psycopg's)."""
+    while exc is not None:
+        if isinstance(exc, (LedgerUnavailable, psycopg.OperationalError)):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _restart_at(h: Harness, s: Schedule, restart: Callable[[str], None], over: threading.Event) -> None:
