@@ -150,7 +150,7 @@ def _write(path: Path, text: str) -> None:
 def on_demand(config, name: str) -> Iterator[ServiceHandle]:
     """This session's ``name`` (a key of ``ON_DEMAND``): the run's, started by
     the controller when a worker first asks; else one of its own."""
-    directory = getattr(config, "workerinput", {}).get(_WORKERINPUT_KEY, {}).get("on_demand")
+    directory = _shared(config, "on_demand")
     if not directory:
         with ON_DEMAND[name][0]() as handle:
             yield handle

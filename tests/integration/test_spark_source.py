@@ -19,7 +19,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient
 
 from airflow_eos.core.kafka_client import consumer_config
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
@@ -28,7 +27,7 @@ from airflow_eos.spark.kafka_source import (
     READER_KAFKA_DEFAULTS,
     split_range,
 )
-from harness.topics import create_topic
+from harness.topics import create_topic, delete_topic
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +93,6 @@ def gappy_log(kafka):
     1k records each (a marker per partition after each commit, the last one at the
     very end of the log). Returns (topic, truth)."""
     bootstrap = kafka.address
-    admin = AdminClient({"bootstrap.servers": bootstrap})
     topic = f"spark-src-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, PARTITIONS)
 
@@ -121,7 +119,7 @@ def gappy_log(kafka):
         txn.commit_transaction(30)
     truth = _read_log(bootstrap, topic)
     yield topic, truth
-    admin.delete_topics([topic])[topic].result(15)
+    delete_topic(bootstrap, topic)
 
 
 def _gaps(truth, partition: int) -> list[int]:

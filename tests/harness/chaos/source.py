@@ -145,11 +145,9 @@ def delete_topic(bootstrap: str, name: str) -> None:
     soak's broker slows as its topics pile up (Tansu's cost per request grows
     with them: the Kafka part of `make chaos N=2000` fell from ~32 to ~10
     schedules a minute with ~800 left behind)."""
-    from confluent_kafka.admin import AdminClient
+    from harness.topics import delete_topic as delete_served
 
-    admin = AdminClient({**client_logging(), "bootstrap.servers": bootstrap})
-    for f in admin.delete_topics([name]).values():
-        f.result(15)
+    delete_served(bootstrap, name)
 
 
 TARGET_DDL = """
