@@ -5,12 +5,14 @@ one per pytest worker, started only by the HDFS cases). Each case runs on both.
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_eos.targets.files import fs
 from airflow_eos.targets.files.storage import LocalFiles, files_for
 
 
@@ -148,3 +150,32 @@ def test_directories_are_made_moved_and_removed(files, root):
     assert files.remove_tree(f"{root}/s")
     assert not files.exists(f"{root}/s")
     assert files.remove_tree(f"{root}/never")
+
+
+def test_a_local_listing_during_exchanges_is_one_whole_version(tmp_path):
+    """Local only (HDFS lists a directory in one call and has no exchange):
+    a reader listing a window while replaces swap it gets the old version's
+    names or the new one's, never "no such directory" for a directory that is
+    there. (Stat by path after readdir failed 19,504 of 20,000 listings here.)"""
+    files = LocalFiles()
+    old = {f"old-{i}.parquet" for i in range(20)} | {"_eos_commit.json"}
+    new = {f"new-{i}.parquet" for i in range(20)} | {"_eos_commit.json"}
+    staged(files, str(tmp_path / "window"), dict.fromkeys(old, b"o"))
+    staged(files, str(tmp_path / "publish"), dict.fromkeys(new, b"n"))
+    listed, swaps = threading.Event(), [0]
+
+    def swap_until_listed():
+        while not listed.is_set():
+            fs.rename_exchange(str(tmp_path / "publish"), str(tmp_path / "window"))
+            swaps[0] += 1
+
+    swapper = threading.Thread(target=swap_until_listed)
+    swapper.start()
+    try:
+        listings = [frozenset(names(files, str(tmp_path / "window"))) for _ in range(3000)]
+    finally:
+        listed.set()
+        swapper.join()
+
+    assert swaps[0] > 0
+    assert set(listings) <= {frozenset(old), frozenset(new)}

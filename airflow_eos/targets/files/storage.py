@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterator
 from typing import IO, Protocol
 
@@ -72,12 +73,18 @@ class LocalFiles:
         return os.access(path, os.W_OK | os.X_OK)
 
     def entries(self, path: str) -> list[Entry]:
-        found = []
-        for e in os.scandir(path):
-            st = e.stat(follow_symlinks=False)
-            found.append(Entry(e.name, e.path, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False),
-                               st.st_size, st.st_mtime))
-        return sorted(found, key=lambda e: e.name)
+        """The names of one directory and their stats, all read through one
+        open descriptor: a replace exchanging ``path`` meanwhile gives the old
+        version's names or the new one's, never "no such file" (a stat by path
+        after the swap looks for an old name in the new directory)."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with os.scandir(fd) as listing:
+                stats = [(e.name, e.stat(follow_symlinks=False)) for e in listing]
+        finally:
+            os.close(fd)
+        return sorted((Entry(name, os.path.join(path, name), stat.S_ISDIR(st.st_mode), stat.S_ISREG(st.st_mode),
+                             st.st_size, st.st_mtime) for name, st in stats), key=lambda e: e.name)
 
     def walk(self, top: str) -> Iterator[tuple[str, list[str], list[str]]]:
         return os.walk(top)
