@@ -10,6 +10,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 
 from airflow_eos.core.client_settings import without_secrets
 from airflow_eos.core.errors import ConfigurationError, SourceUnavailable
@@ -156,6 +157,26 @@ CONSUMER_ONLY = frozenset({
     "check.crcs", "consume.callback.max.messages", "offset.store.method", "offset.store.path",
     "offset.store.sync.interval.ms", "share.acknowledgement.mode",
 })
+
+
+def list_offsets(admin, tps: Iterable[tuple[str, int]], *, latest: bool = True, committed: bool = False,
+                 timeout: float) -> Iterator[tuple[tuple[str, int], int]]:
+    """((topic, partition), offset) of each of ``tps`` as the broker answers
+    one ``ListOffsets`` request of ``admin``: the log's start, or its end as a
+    read_committed reader sees it (the last stable offset: an open transaction
+    holds it) or a read_uncommitted one (the high watermark). Raises
+    KafkaException, or TimeoutError after ``timeout`` s; what was yielded
+    before that stands."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    spec = OffsetSpec.latest() if latest else OffsetSpec.earliest()
+    isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    futures = admin.list_offsets({KafkaTopicPartition(t, p): spec for t, p in tps}, isolation_level=isolation,
+                                 request_timeout=timeout)
+    for tp, future in futures.items():
+        yield (tp.topic, tp.partition), future.result(timeout).offset
 
 
 def consumer_config(kafka_config: dict, **overrides) -> dict:

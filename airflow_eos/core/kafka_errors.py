@@ -107,21 +107,18 @@ def _latest_offsets(kafka_config: Mapping[str, Any],
                     tps: Sequence[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
     """(last stable offset, high watermark) of each partition the broker
     answered for: one ListOffsets request per isolation level."""
-    from confluent_kafka import IsolationLevel, KafkaException
-    from confluent_kafka import TopicPartition as KafkaTopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
 
-    from airflow_eos.core.kafka_client import CONSUMER_ONLY, client_logging
+    from airflow_eos.core.kafka_client import CONSUMER_ONLY, client_logging, list_offsets
 
     admin = AdminClient({**client_logging(), **{k: v for k, v in kafka_config.items() if k not in CONSUMER_ONLY}})
     found: list[dict[tuple[str, int], int]] = []
-    for isolation in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
+    for committed in (True, False):
         answers: dict[tuple[str, int], int] = {}
         try:
-            futures = admin.list_offsets({KafkaTopicPartition(t, p): OffsetSpec.latest() for t, p in tps},
-                                         isolation_level=isolation, request_timeout=OFFSETS_TIMEOUT_S)
-            for tp, future in futures.items():
-                answers[tp.topic, tp.partition] = future.result(OFFSETS_TIMEOUT_S).offset
+            for tp, offset in list_offsets(admin, tps, committed=committed, timeout=OFFSETS_TIMEOUT_S):
+                answers[tp] = offset
         except (KafkaException, TimeoutError):
             pass  # what answered is kept
         found.append(answers)

@@ -16,14 +16,13 @@ from datetime import timedelta
 import psycopg
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 from harness import chaos
 from harness.chaos import Harness, check, record_value
 from harness.real_kafka import assert_lineage, ms, on_topic, order_id, published_ids
 
 from airflow_eos.core.errors import TransactionOpen
-from airflow_eos.core.kafka_client import client_logging
+from airflow_eos.core.kafka_client import client_logging, list_offsets
 
 # The suite's windows ended long ago: a grace longer than that keeps a window
 # waiting for a partition that has not passed its end, as a window just ended.
@@ -58,15 +57,11 @@ def settled(kafka, topic: str, partition: int = 0) -> int:
     transaction coordinator writes a commit's markers after
     ``commit_transaction`` returns: a transaction begun before they land has
     records before them); returns the end."""
-    from confluent_kafka import IsolationLevel
-    from confluent_kafka.admin import OffsetSpec
-
     admin = AdminClient({**client_logging(), "bootstrap.servers": kafka.address})
-    tp = KafkaTopicPartition(topic, partition)
     deadline = time.monotonic() + 30
     while True:
-        stable, end = (admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation)[tp].result(15).offset
-                       for isolation in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED))
+        stable, end = (offset for committed in (True, False)
+                       for _, offset in list_offsets(admin, [(topic, partition)], committed=committed, timeout=15))
         if stable == end:
             return end
         assert time.monotonic() < deadline, f"{topic}[{partition}] not settled within 30 s: {stable} < {end}"

@@ -29,7 +29,7 @@ from typing import Any
 
 from airflow_eos.core.attempt import Attempt
 from airflow_eos.core.errors import TargetError
-from airflow_eos.core.kafka_client import CONSUMER_ONLY, client_errors, client_logging, request_timeout
+from airflow_eos.core.kafka_client import CONSUMER_ONLY, client_errors, client_logging, list_offsets, request_timeout
 from airflow_eos.core.windows import TopicPartition, Window, to_utc
 
 log = logging.getLogger(__name__)
@@ -248,17 +248,13 @@ def partition_ends(kafka_config: Mapping[str, Any], topic: str, partitions: int)
 
 
 def _list_offsets(admin, topic: str, partitions: int, *, latest: bool, committed: bool) -> dict[int, int]:
-    from confluent_kafka import IsolationLevel, KafkaException
-    from confluent_kafka import TopicPartition as KafkaTP
-    from confluent_kafka.admin import OffsetSpec
-    spec = OffsetSpec.latest() if latest else OffsetSpec.earliest()
-    isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    from confluent_kafka import KafkaException
     try:
-        futures = admin.list_offsets({KafkaTP(topic, p): spec for p in range(partitions)},
-                                     isolation_level=isolation, request_timeout=TIMEOUT)
-        return {tp.partition: f.result().offset for tp, f in futures.items()}
-    except KafkaException as exc:
-        raise TargetError(f"cannot read the offsets of target topic {topic}: {exc.args[0]}") from exc
+        return {p: offset for (_, p), offset in list_offsets(admin, [(topic, p) for p in range(partitions)],
+                                                              latest=latest, committed=committed, timeout=TIMEOUT)}
+    except (KafkaException, TimeoutError) as exc:
+        reason = exc.args[0] if exc.args else f"no answer within {TIMEOUT:.0f} s"
+        raise TargetError(f"cannot read the offsets of target topic {topic}: {reason}") from exc
 
 
 def is_compacted(kafka_config: Mapping[str, Any], topic: str) -> bool:
