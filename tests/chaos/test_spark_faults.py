@@ -29,18 +29,15 @@ import pytest
 from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.submit import stage_job_environment, stage_job_path
 from harness.chaos import Harness, SparkStager, check, plan_step
+from harness.spark import quiet_session
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def stager():
-    from airflow_eos.spark import spark_session, stop_session
-
-    session = spark_session("eos-chaos", master="local[2]")
-    session.sparkContext.setLogLevel("ERROR")
-    yield SparkStager(session)
-    stop_session(session)
+    with quiet_session("eos-chaos", master="local[2]") as session:
+        yield SparkStager(session)
 
 
 def attempt_states(p) -> list[tuple[int, str, str | None]]:

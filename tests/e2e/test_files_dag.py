@@ -25,6 +25,7 @@ from airflow_eos.verify import verify
 from harness.full_disk import fill, small_file_system
 
 from harness.dags import register_dag, run_window, states, use_spark_connect
+from harness.spark import quiet_session
 from test_orders_dag import HOUR, T0, fresh_topic, load_dag, produce_orders, sql, window_date
 
 pytestmark = pytest.mark.slow
@@ -60,12 +61,8 @@ def listed(directory) -> list[str]:
 
 @pytest.fixture(scope="module")
 def spark():
-    from airflow_eos.spark import spark_session, stop_session
-
-    session = spark_session("eos-test-files-dag", master="local[1]")
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_session(session)
+    with quiet_session("eos-test-files-dag", master="local[1]") as session:
+        yield session
 
 
 def load_files_dag():

@@ -25,6 +25,7 @@ from harness.dags import use_spark_connect
 from test_spark_connect import freeze_first_hour
 
 from harness.full_disk import fill, orders_with_blob, small_file_system
+from harness.spark import quiet_session
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +33,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def reader(connect_server):
     """A Spark Connect session of the same server, for reading the root back."""
-    from airflow_eos.spark.session import spark_session, stop_session
-
-    session = spark_session("eos-test-connect-files-reader", remote=connect_server.url)
-    yield session
-    stop_session(session)
+    with quiet_session("eos-test-connect-files-reader", remote=connect_server.url) as session:
+        yield session
 
 
 def test_windows_staged_on_spark_connect_are_published_as_partition_directories_once(

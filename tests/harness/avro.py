@@ -58,6 +58,29 @@ def serializer(registry_url: str, schema: dict):
     return lambda record, topic: avro(record, SerializationContext(topic, MessageField.VALUE))
 
 
+def values_then_each_bad_kind(registry_url: str, topic: str, good: int) -> list[tuple[bytes, dict | str]]:
+    """``good`` orders, the first half of writer schema V1 and the rest of V2
+    (registered under the topic's value subject in that order), then one value
+    of each kind of bad record: not the wire format, a schema id the registry
+    does not have, a writer schema (BROKEN) not resolvable to V2, and a V2
+    value cut short. Each with what it must become: the row decoded under V2,
+    or a fragment of its dead letter's reason."""
+    register(registry_url, f"{topic}-value", V1)
+    register(registry_url, f"{topic}-value", V2)
+    broken_id = register(registry_url, f"{topic}-broken-value", BROKEN)
+    of_v1, of_v2 = serializer(registry_url, V1), serializer(registry_url, V2)  # one schema lookup each
+    values: list[tuple[bytes, dict | str]] = []
+    for i in range(good):
+        record = {"id": i, "amount": i / 4} if i < good // 2 else {"id": i, "amount": i / 4, "note": f"n{i}"}
+        values.append(((of_v1 if i < good // 2 else of_v2)(record, topic), {"note": None, **record}))
+    a_v2_value = of_v2({"id": 0, "amount": 0.0, "note": None}, topic)
+    broken = serialize(registry_url, f"{topic}-broken", BROKEN, {"id": 1, "amount": "x"})
+    return values + [(b'{"id": 1}', "magic byte"),
+                     (struct.pack(">bI", 0, 424242) + a_v2_value[5:], "no schema of id 424242"),
+                     (struct.pack(">bI", 0, broken_id) + broken[5:], "does not resolve"),
+                     (a_v2_value[:-2], "not a record of writer schema")]
+
+
 def order(n: int, schema: dict) -> dict:
     """Order ``n`` as a record of writer schema V1 or V2."""
     record = {"id": n, "amount": (n % 997) + (n % 100) / 100}

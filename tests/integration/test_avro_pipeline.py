@@ -8,12 +8,12 @@ the stage (nothing published) and a retry succeeds."""
 from __future__ import annotations
 
 import json
-import struct
 from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
-from harness.avro import BROKEN, V1, V2, register, serialize
+from harness.avro import V2, register, serialize, values_then_each_bad_kind
+from harness.spark import quiet_session
 
 from airflow_eos import steps
 from airflow_eos.core.avro import latest_reader_schema
@@ -43,12 +43,8 @@ GOOD = 60  # records per partition... of V1 then V2
 
 @pytest.fixture(scope="module")
 def spark():
-    from airflow_eos.spark import spark_session, stop_session
-
-    session = spark_session("eos-test-avro-pipeline")
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_session(session)
+    with quiet_session("eos-test-avro-pipeline") as session:
+        yield session
 
 
 @pytest.fixture
@@ -57,18 +53,7 @@ def avro_topic(topics, schema_registry):
     window's end per partition. Returns (topic, {(partition, offset): expected row or reason fragment})."""
     url = schema_registry.address
     topic = topics.create(partitions=2, prefix="avro-orders")
-    register(url, f"{topic}-value", V1)
-    register(url, f"{topic}-value", V2)
-    broken_id = register(url, f"{topic}-broken-value", BROKEN)
-    good = serialize(url, topic, V2, {"id": 0, "amount": 0.0, "note": None})
-    values: list[tuple[bytes, object]] = []
-    for i in range(GOOD):
-        record = {"id": i, "amount": i / 4} if i < GOOD // 2 else {"id": i, "amount": i / 4, "note": f"n{i}"}
-        values.append((serialize(url, topic, V1 if i < GOOD // 2 else V2, record), {"note": None, **record}))
-    values += [(b'{"id": 1}', "magic byte"), (struct.pack(">bI", 0, 424242) + good[5:], "no schema of id 424242"),
-               (struct.pack(">bI", 0, broken_id) + serialize(url, f"{topic}-broken", BROKEN,
-                                                             {"id": 1, "amount": "x"})[5:], "does not resolve"),
-               (good[:-2], "not a record of writer schema")]
+    values = values_then_each_bad_kind(url, topic, GOOD)
     expected, records = {}, []
     stamp = int(T0.timestamp() * 1000)
     for n, (value, outcome) in enumerate(values):

@@ -16,6 +16,7 @@ import urllib.request
 import uuid
 
 import pytest
+from harness.spark import quiet_session
 
 from airflow_eos.targets.files.hdfs import HdfsFiles, split_url
 
@@ -121,10 +122,7 @@ def test_spark_writes_and_reads_the_paths_the_client_renames(files, root):
     """Spark's Parquet writer stages into ``_eos_staging``, the client renames
     the staging to the window's directory, and ``spark.read.parquet`` of the
     root reads each row once (names starting with ``_`` are skipped)."""
-    from airflow_eos.spark import spark_session, stop_session
-
-    spark = spark_session("eos-test-hdfs", master="local[1]")
-    try:
+    with quiet_session("eos-test-hdfs", master="local[1]") as spark:
         spark.range(100).selectExpr("id AS n").write.parquet(f"{root}/_eos_staging/1/publish")
         spark.range(100, 150).selectExpr("id AS n").write.parquet(f"{root}/_eos_staging/2/publish")
         files.rename_noreplace(f"{root}/_eos_staging/1/publish", f"{root}/eos_window_start=a")
@@ -132,5 +130,3 @@ def test_spark_writes_and_reads_the_paths_the_client_renames(files, root):
         rows = spark.read.parquet(root).collect()
         assert sorted(r.n for r in rows) == list(range(100))
         assert {r.eos_window_start for r in rows} == {"a"}
-    finally:
-        stop_session(spark)

@@ -7,14 +7,14 @@ harness). Every record is a row: decoded, or null fields and its reason."""
 from __future__ import annotations
 
 import json
-import struct
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from airflow_eos.core.errors import SourceUnavailable
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
-from harness.avro import BROKEN, V1, V2, register, serialize
+from harness.avro import V2, values_then_each_bad_kind
+from harness.spark import quiet_session
 
 pytestmark = pytest.mark.slow
 
@@ -24,33 +24,16 @@ WINDOW = Window("spark_avro_test", datetime(2024, 1, 1, tzinfo=timezone.utc),
 
 @pytest.fixture(scope="module")
 def spark():
-    from airflow_eos.spark import spark_session, stop_session
-
-    session = spark_session("eos-test-spark-avro-source")
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_session(session)
+    with quiet_session("eos-test-spark-avro-source") as session:
+        yield session
 
 
 @pytest.fixture
 def avro_topic(topics, schema_registry):
     """A topic of 2 partitions: 300 records of V1, 300 of V2, then 4 poisoned values. Returns the topic and
     {offset-per-partition key: the value expected decoded (dict) or the reason's fragment (str)}."""
-    url = schema_registry.address
     topic = topics.create(partitions=2, prefix="avro")
-    register(url, f"{topic}-value", V1)
-    register(url, f"{topic}-value", V2)
-    broken_topic = f"{topic}-broken"
-    broken_id = register(url, f"{broken_topic}-value", BROKEN)
-    good = serialize(url, topic, V2, {"id": 0, "amount": 0.0, "note": None})
-    values: list[tuple[bytes | None, dict | str]] = []
-    for i in range(600):
-        record = {"id": i, "amount": i / 2} if i < 300 else {"id": i, "amount": i / 2, "note": f"n{i}"}
-        schema = V1 if i < 300 else V2
-        values.append((serialize(url, topic, schema, record), {"note": None, **record}))
-    values += [(b'{"id": 1}', "magic byte"), (struct.pack(">bI", 0, 424242) + good[5:], "no schema of id 424242"),
-               (struct.pack(">bI", 0, broken_id) + serialize(url, broken_topic, BROKEN, {"id": 1, "amount": "x"})[5:],
-                "does not resolve"), (good[:-2], "not a record of writer schema")]
+    values = values_then_each_bad_kind(schema_registry.address, topic, 600)
     expected: dict[tuple[int, int], dict | str] = {}
     records = []
     for n, (value, outcome) in enumerate(values):

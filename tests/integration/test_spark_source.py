@@ -28,6 +28,7 @@ from airflow_eos.spark.kafka_source import (
     split_range,
 )
 from harness.topics import create_topic, delete_topic
+from harness.spark import quiet_session
 
 pytestmark = pytest.mark.slow
 
@@ -51,12 +52,8 @@ DOCUMENTED_SCHEMA_DDL = (
 
 @pytest.fixture(scope="module")
 def spark():
-    from airflow_eos.spark import spark_session, stop_session
-
-    session = spark_session("eos-test-spark-source")
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_session(session)
+    with quiet_session("eos-test-spark-source") as session:
+        yield session
 
 
 def _record(i: int, partition: int) -> dict:

@@ -31,6 +31,7 @@ from airflow_eos.targets.postgres.target import PostgresTarget
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
 from airflow_eos.spark.kafka_source import READER_KAFKA_DEFAULTS
 from harness.topics import create_topic, delete_topic
+from harness.spark import quiet_session
 
 pytestmark = pytest.mark.slow
 
@@ -51,13 +52,9 @@ MIXED_RECORDS = 6_000
 
 @pytest.fixture(scope="module")
 def spark():
-    from airflow_eos.spark import spark_session, stop_session
-
     # local[2,3]: two cores, and a failed task is retried (up to 3 attempts), as on a cluster.
-    session = spark_session("eos-test-spark-stage", master="local[2,3]")
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_session(session)
+    with quiet_session("eos-test-spark-stage", master="local[2,3]") as session:
+        yield session
 
 
 def _produce_all(producer: Producer, topic: str, records) -> None:

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from harness.spark import quiet_session
 
 from airflow_eos.core.attempt import load_offsets
 from airflow_eos.core.errors import AttemptClosed
@@ -38,12 +39,8 @@ ORDERS = "airflow_eos.examples.transforms:orders"
 
 @pytest.fixture(scope="module")
 def spark():
-    from airflow_eos.spark import spark_session, stop_session
-
-    session = spark_session("eos-test-spark-stage-files", master="local[2,3]")
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_session(session)
+    with quiet_session("eos-test-spark-stage-files", master="local[2,3]") as session:
+        yield session
 
 
 def order_value(n: int) -> bytes:

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from confluent_kafka import Producer
+from harness.spark import quiet_session
 
 from airflow_eos.core.kafka_client import client_logging
 from airflow_eos.core.plan import PlanRequest, plan_window
@@ -41,15 +42,11 @@ DDL = """CREATE TABLE orders (id bigint NOT NULL, amount numeric(12,2) NOT NULL,
 
 @pytest.fixture(scope="module")
 def spark():
-    from airflow_eos.spark import spark_session, stop_session
-
     # local[2,2]: a failed task is tried twice; Spark's Kafka source waits spark.network.timeout per try.
-    session = spark_session("eos-test-open-transaction", master="local[2,2]",
-                            conf={"spark.network.timeout": "12s", "spark.network.timeoutInterval": "4s",
-                                  "spark.executor.heartbeatInterval": "4s"})
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_session(session)
+    with quiet_session("eos-test-open-transaction", master="local[2,2]",
+                       conf={"spark.network.timeout": "12s", "spark.network.timeoutInterval": "4s",
+                             "spark.executor.heartbeatInterval": "4s"}) as session:
+        yield session
 
 
 def transaction(producer: Producer, topic: str, orders: range | list[int], *, commit: bool) -> None:
