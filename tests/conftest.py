@@ -43,14 +43,25 @@ import pytest  # noqa: E402
 from airflow_eos.embedded import iceberg_rest_service, schema_registry_service  # noqa: E402
 from harness import services, workers  # noqa: E402
 from harness.databases import empty_database  # noqa: E402
+from harness.jvm import ClassArchive  # noqa: E402
 from harness.topics import TopicFactory  # noqa: E402
 from harness.tally import TALLY  # noqa: E402
 
 # --------------------------------------------------------------------------- the session, its workers, the tally
 
 
+_class_archive: ClassArchive | None = None
+
+
 def pytest_configure(config):
     workers.configure(config)
+    global _class_archive
+    # The run's one process that is no xdist worker (the workers inherit its environment); the unit
+    # tests start no JVM.
+    if not hasattr(config, "workerinput") and not all(a.startswith("tests/unit") for a in config.args):
+        _class_archive = ClassArchive()
+        os.environ["SPARK_SUBMIT_OPTS"] = _class_archive.submit_opts()
+        _class_archive.start()
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -89,6 +100,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_unconfigure(config):
     services.stop()
+    if _class_archive is not None:
+        _class_archive.stop()
 
 
 @pytest.hookimpl(optionalhook=True)

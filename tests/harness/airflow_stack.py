@@ -67,13 +67,11 @@ log = logging.getLogger(__name__)
 AIRFLOW_BIN = Path(sys.executable).with_name("airflow")
 FINISHED = ("success", "failed")
 
-#: Spark settings for stage jobs on a small shared machine (tests, the demo):
-#: no UI, few shuffle partitions, and a driver JVM that only JIT-compiles with C1
-#: and collects with the serial GC — a short job then needs ~40 % less CPU.
+#: Spark settings for stage jobs on a small shared machine: no UI, few shuffle
+#: partitions (the driver's JVM flags are the run's, harness.jvm).
 SMALL_MACHINE_SPARK_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "4",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1",
 }
 _DROPPED_PREFIXES = ("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_")
 _DROPPED = ("AIRFLOW_HOME", "AIRFLOW_CONFIG")
@@ -354,9 +352,10 @@ class AirflowStack:
     :param triggerer: also run a triggerer (needed by deferrable tasks)
     :param use_job_schedule: let the scheduler create runs from DAG schedules
     :param parallelism: task slots of the LocalExecutor
-    :param spark_defaults: if given, a ``spark-defaults.conf`` for every
-        ``spark-submit`` the tasks run (``SPARK_CONF_DIR``; ``--conf`` still wins),
-        e.g. :data:`SMALL_MACHINE_SPARK_DEFAULTS`
+    :param spark_defaults: if given, Spark settings for every ``spark-submit``
+        the tasks run, as Java system properties (``SPARK_SUBMIT_OPTS``, after
+        the run's JVM flags of harness.jvm; ``--conf`` still wins; a value has
+        no space), e.g. :data:`SMALL_MACHINE_SPARK_DEFAULTS`
     :param min_file_process_interval: seconds between two parses of a DAG file
     """
 
@@ -442,8 +441,9 @@ class AirflowStack:
             "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
             "PYTHONUNBUFFERED": "1",
         })
-        if self.spark_defaults is not None:
-            env["SPARK_CONF_DIR"] = str(self.home / "spark-conf")
+        if self.spark_defaults:  # not a SPARK_CONF_DIR: the run's class archive serves Spark's own only
+            env["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, (
+                os.environ.get("SPARK_SUBMIT_OPTS"), *(f"-D{k}={v}" for k, v in self.spark_defaults.items()))))
         for conn_id, conn in self.connections.items():
             env[f"AIRFLOW_CONN_{conn_id.upper()}"] = conn if isinstance(conn, str) else json.dumps(conn)
         env.update(self.extra_env)
@@ -468,10 +468,6 @@ class AirflowStack:
     def start(self) -> AirflowStack:
         self.home.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
-        if self.spark_defaults is not None:
-            (self.home / "spark-conf").mkdir(exist_ok=True)
-            (self.home / "spark-conf" / "spark-defaults.conf").write_text(
-                "".join(f"{key} {value}\n" for key, value in self.spark_defaults.items()))
         started = time.monotonic()
         try:
             self.airflow("db", "migrate", timeout=self.startup_timeout)
