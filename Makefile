@@ -9,9 +9,8 @@ unexport PYTHONDONTWRITEBYTECODE
 PYTEST_ARGS ?=
 SIZES ?= 10000,100000,1000000
 N ?= 201
-# test workers: each a pytest session with its own Airflow home, on the run's one PostgreSQL and Kafka broker;
-# one more than the cores: a worker's e2e and live-stack tests wait on Airflow's loops much of their time
-WORKERS ?= 3
+# test workers: each a pytest session with its own Airflow home, on the run's one PostgreSQL and Kafka broker
+WORKERS ?= 2
 # the edit-test loop's tests wait far more than they compute: more workers than cores
 # (2026-11-27, 847 tests: 5.7 min with 6, 6.2 with 4; 9.6 with 2 before the matrix was split;
 # 2026-11-28, 950 tests, one HDFS for the run: 297 s with 8, against 325-339 s with 6 before it)
