@@ -211,10 +211,17 @@ class Harness:
     # or a callable (pipeline, plan dict, faults, state dir) -> attempt dict,
     # e.g. SparkStager.
     stager: Callable[[Pipeline, dict, str, Path], dict] | None = None
+    # A window whose commit step the other windows' commits wait for (None: no order): a decided
+    # window's publication is finished by whichever commit of the pipeline comes first
+    # (core/publication.py), so only this order makes a fault inside it fire in its own process.
+    commits_after: int | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._started = time.monotonic()
+        self._first_commit_done = threading.Event()
+        if self.commits_after is None:
+            self._first_commit_done.set()
 
     def note(self, text: str) -> None:
         with self._lock:
@@ -249,13 +256,19 @@ class Harness:
             "await_checkpoint": lambda: self._step(i, "await_checkpoint", await_step, xcom["stage"]),
             "commit": lambda: self._step(i, "commit", commit_step, xcom["stage"]),
         }
-        for step in STEPS:
-            if step in ("await_checkpoint", "commit") and xcom["stage"]["epoch"] is None:
-                outcome.tries.append((step, "skipped"))  # committed already, the target skips reruns
-                continue
-            if not self._try(i, step, calls[step], retries, outcome, xcom):
-                outcome.state, outcome.failed_step = "failed", step
-                break
+        try:
+            for step in STEPS:
+                if step in ("await_checkpoint", "commit") and xcom["stage"]["epoch"] is None:
+                    outcome.tries.append((step, "skipped"))  # committed already, the target skips reruns
+                    continue
+                if step == "commit" and i != self.commits_after and not self._first_commit_done.wait(600):
+                    raise AssertionError(f"w{i}: window {self.commits_after}'s commit did not end in 600 s")
+                if not self._try(i, step, calls[step], retries, outcome, xcom):
+                    outcome.state, outcome.failed_step = "failed", step
+                    break
+        finally:
+            if i == self.commits_after:  # its commit ended, or its run ended before one
+                self._first_commit_done.set()
         if "plan" in xcom:  # the teardown runs when its setup succeeded
             self._try(i, TEARDOWN, lambda: self._step(i, "abort", abort_step, window), retries, outcome, xcom)
         if outcome.state == "success" and "commit" in xcom:

@@ -57,6 +57,9 @@ from harness.chaos.cases import PARALLEL, new_pipeline, run_concurrently, select
 
 WINDOWS = (0, 1)
 FAULTY = 0
+# Per target, the points inside a decided window's publication, after its decision committed
+# (the targets whose publication follows the decision: FileCommit's and IcebergCommit's publish_decided).
+PUBLICATION_POINTS = {"files": frozenset({"commit.after_rename"}), "iceberg": frozenset({"commit.after_publish"})}
 # Points in code that no target of its own runs: the plan, and the checkpoint
 # and prepare over a staging the target shares with PostgreSQL (the Kafka
 # target's). Matrix cells of a target that shares them would test PostgreSQL's
@@ -103,7 +106,11 @@ def run_cell(target: str, point: str, action: str, recovery: str, url: str, sour
     teardown_fault = point == "abort.inside"
     if teardown_fault:
         spec += f",commit.before_publish=raise*{retries + 1}"
-    h = Harness(p, state_dir, faults={FAULTY: spec}, retries=retries)
+    # In a backfill, a later window's commit can finish the faulty window's decided publication
+    # before its own commit does (core/publication.py), and a fault inside it would then never fire:
+    # there the faulty window's commit goes first (the others still run beside it up to their commit).
+    in_publication = recovery == "backfill" and point in PUBLICATION_POINTS.get(target, ())
+    h = Harness(p, state_dir, faults={FAULTY: spec}, retries=retries, commits_after=FAULTY if in_publication else None)
     step = "abort" if teardown_fault else POINT_STEPS[point][0]
 
     if recovery == "backfill":
