@@ -59,6 +59,7 @@ from harness.chaos.pipeline import (
     ACTIONS,
     ON_COMMITTED,
     POINT_STEPS,
+    PUBLICATION_POINTS,
     RECOVERIES,
     STEPS,
     STORES,
@@ -98,8 +99,8 @@ from harness.chaos.source import (
 from harness.chaos.targets import LEFTOVERS, READERS
 
 __all__ = [
-    "ACTIONS", "LEFTOVERS", "ON_COMMITTED", "POINT_STEPS", "READERS", "RECOVERIES", "STEPS", "STORES", "T0", "TARGETS",
-    "TARGET_DDL", "TARGET_POINTS", "HOUR",
+    "ACTIONS", "LEFTOVERS", "ON_COMMITTED", "POINT_STEPS", "PUBLICATION_POINTS", "READERS", "RECOVERIES", "STEPS",
+    "STORES", "T0", "TARGETS", "TARGET_DDL", "TARGET_POINTS", "HOUR",
     "Harness", "Pipeline", "RunOutcome", "Schedule", "SparkStager", "StepFailed", "Verdict", "Zombie",
     "NotReady", "attempt_states", "published_lineage", "kafka_records", "mirrored_offsets",
     "python_job", "skewed_source_records", "slug", "AvroSource", "avro_source_records",

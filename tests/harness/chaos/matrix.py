@@ -52,14 +52,12 @@ import uuid
 
 import pytest
 
-from harness.chaos import ACTIONS, POINT_STEPS, RECOVERIES, TARGET_POINTS, TARGETS, Harness, check
+from harness.chaos import (ACTIONS, POINT_STEPS, PUBLICATION_POINTS, RECOVERIES, TARGET_POINTS, TARGETS, Harness,
+                           check)
 from harness.chaos.cases import PARALLEL, new_pipeline, run_concurrently, selected_params
 
 WINDOWS = (0, 1)
 FAULTY = 0
-# Per target, the points inside a decided window's publication, after its decision committed
-# (the targets whose publication follows the decision: FileCommit's and IcebergCommit's publish_decided).
-PUBLICATION_POINTS = {"files": frozenset({"commit.after_rename"}), "iceberg": frozenset({"commit.after_publish"})}
 # Points in code that no target of its own runs: the plan, and the checkpoint
 # and prepare over a staging the target shares with PostgreSQL (the Kafka
 # target's). Matrix cells of a target that shares them would test PostgreSQL's

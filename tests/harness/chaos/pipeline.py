@@ -77,6 +77,12 @@ TARGET_POINTS: dict[str, frozenset[str]] = {
 ON_COMMITTED: dict[str, tuple[str, ...]] = {"postgres": ("skip", "replace"), "files": ("skip", "replace"),
                                            "kafka": ("skip",), "iceberg": ("skip", "replace")}
 assert set().union(*TARGET_POINTS.values()) == POINTS, "a fault point was added: say which targets reach it"
+# Per target, its points inside a decided window's publication, after the decision committed
+# (FileCommit's and IcebergCommit's publish_decided): any later commit of the pipeline finishes
+# that publication (core/publication.py), so the process a fault there fires in depends on order.
+PUBLICATION_POINTS: dict[str, frozenset[str]] = {"files": frozenset({"commit.after_rename"}),
+                                                 "iceberg": frozenset({"commit.after_publish"})}
+assert all(points <= TARGET_POINTS[t] for t, points in PUBLICATION_POINTS.items())
 # Where each target's data can live, where it can live in more than one
 # place: the file target's root is a local directory or a directory on HDFS
 # (one Files protocol, airflow_eos/targets/files/storage.py).
