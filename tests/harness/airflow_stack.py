@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_eos.embedded import free_port
+from harness.jvm import submit_opts
 
 log = logging.getLogger(__name__)
 
@@ -442,8 +443,7 @@ class AirflowStack:
             "PYTHONUNBUFFERED": "1",
         })
         if self.spark_defaults:  # not a SPARK_CONF_DIR: the run's class archive serves Spark's own only
-            env["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, (
-                os.environ.get("SPARK_SUBMIT_OPTS"), *(f"-D{k}={v}" for k, v in self.spark_defaults.items()))))
+            env["SPARK_SUBMIT_OPTS"] = submit_opts(*(f"-D{k}={v}" for k, v in self.spark_defaults.items()))
         for conn_id, conn in self.connections.items():
             env[f"AIRFLOW_CONN_{conn_id.upper()}"] = conn if isinstance(conn, str) else json.dumps(conn)
         env.update(self.extra_env)
