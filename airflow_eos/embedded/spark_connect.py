@@ -13,6 +13,7 @@ from pathlib import Path
 
 from airflow_eos.embedded.processes import free_port, stop_process, wait_for_port
 from airflow_eos.spark.connector import connector_jars
+from airflow_eos.spark.submit import WORKER_DAEMON_CONF
 
 log = logging.getLogger("airflow_eos.embedded")
 
@@ -40,7 +41,7 @@ class SparkConnectServer:
             "spark.connect.grpc.binding.port": str(self.port),
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "4",
-            "spark.python.daemon.module": "airflow_eos.spark.daemon",
+            **WORKER_DAEMON_CONF,
             **(conf or {}),
         }
         # Spark's Kafka connector (and S3A), beside any jars of ``conf``: on the driver's and the executors'

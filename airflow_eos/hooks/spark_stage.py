@@ -28,6 +28,7 @@ from airflow_eos.core.windows import WindowPlan
 from airflow_eos.spark.connector import connector_jars
 from airflow_eos.spark.submit import (
     DEFAULT_READER,
+    WORKER_DAEMON_CONF,
     StageJobOutput,
     stage_job_arguments,
     stage_job_environment,
@@ -148,7 +149,8 @@ class EosSparkStageHook(BaseHook):
         """The stage job by spark-submit; its report is the line it prints.
         Secrets travel in spark-submit's environment, never on its command line."""
         local = runs_in_local_mode(self.conn_id)
-        conf = {"spark.ui.enabled": "false", **self.conf} if local else self.conf  # no web UI, no listener
+        conf = {**WORKER_DAEMON_CONF, **({"spark.ui.enabled": "false"} if local else {}),  # local: no web UI
+                **self.conf}
         env = {**self.env_vars, **stage_job_environment(target, dict(kafka_config), local=local,
                                                         registry_config=dict(registry_config or {}))}
         output = StageJobOutput()

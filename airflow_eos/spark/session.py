@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 
 from airflow_eos.spark.connector import connector_jars
 from airflow_eos.spark.kafka_source import register
+from airflow_eos.spark.submit import WORKER_DAEMON_CONF
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ _LOCAL_CONF = {
     # A local session has few cores; Spark's default of 200 shuffle partitions
     # would make every aggregation schedule 200 tiny tasks.
     "spark.sql.shuffle.partitions": "4",
+    **WORKER_DAEMON_CONF,
 }
 
 

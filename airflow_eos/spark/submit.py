@@ -39,6 +39,10 @@ KAFKA_CONFIG_ENV = "EOS_KAFKA_CONFIG_JSON"
 REGISTRY_CONFIG_ENV = "EOS_REGISTRY_CONFIG"  # an Avro source's schema registry (may hold a password)
 ERROR_LINE = "EOS_STAGE_ERROR "
 REPORT_LINE = "EOS_STAGE_REPORT "
+# Every Spark that runs the stage job (spark-submit's, a local session's, the Spark Connect server's):
+# its Python task workers fork from a daemon with the job's imports done (spark/daemon.py), instead of
+# each importing pyarrow, pandas and this package again. A user's own setting wins.
+WORKER_DAEMON_CONF = {"spark.python.daemon.module": "airflow_eos.spark.daemon"}
 
 
 # How the stage job reads a window's plan (run_stage's ``reader``): Spark's own Kafka source
