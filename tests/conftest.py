@@ -41,9 +41,10 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 import pytest  # noqa: E402
 
 from airflow_eos.embedded import iceberg_rest_service, schema_registry_service  # noqa: E402
+from airflow_eos.embedded.kafka import PERFORMANCE_OPTS_ENV  # noqa: E402
 from harness import services, workers  # noqa: E402
 from harness.databases import empty_database  # noqa: E402
-from harness.jvm import ClassArchive  # noqa: E402
+from harness.jvm import FLAGS, ClassArchive  # noqa: E402
 from harness.topics import TopicFactory  # noqa: E402
 from harness.tally import TALLY  # noqa: E402
 
@@ -61,6 +62,7 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and not all(a.startswith("tests/unit") for a in config.args):
         _class_archive = ClassArchive()
         os.environ["SPARK_SUBMIT_OPTS"] = _class_archive.submit_opts()
+        os.environ.setdefault(PERFORMANCE_OPTS_ENV, " ".join(FLAGS))  # every broker the run starts
         _class_archive.start()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import os
 import shutil
 import subprocess
 import tempfile
@@ -71,6 +72,11 @@ def cluster_id(draw=lambda: uuid.uuid4().bytes) -> str:
             return text
 
 
+# The JVM's collector and compiler settings, as Kafka's own start scripts take them (kafka-run-class.sh):
+# a deployment on a small machine (or a test run) may give, e.g., the serial collector and C1 only.
+PERFORMANCE_OPTS_ENV = "KAFKA_JVM_PERFORMANCE_OPTS"
+DEFAULT_PERFORMANCE_OPTS = "-XX:+UseG1GC"
+
 KAFKA_JARS = JarCache(f"kafka-{KAFKA_VERSION}", f"Apache Kafka {KAFKA_VERSION}'s jars", "EOS_KAFKA_HOME",
                       "kafka_2.13-*.jar", "scripts/kafka/pom.xml")
 
@@ -125,7 +131,8 @@ class KafkaBroker(JvmService):
         return config
 
     def _java(self, *args: str) -> list[str]:
-        return ["java", f"-Xms{self.heap}", f"-Xmx{self.heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        performance = (os.environ.get(PERFORMANCE_OPTS_ENV) or DEFAULT_PERFORMANCE_OPTS).split()
+        return ["java", f"-Xms{self.heap}", f"-Xmx{self.heap}", *performance, "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={self.dir / 'log4j2.yaml'}", "-cp", KAFKA_JARS.classpath(), *args]
 
     def start(self, timeout: float = 60.0) -> "KafkaBroker":
