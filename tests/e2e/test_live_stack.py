@@ -7,6 +7,11 @@ package's plugin) and the grid view, both in headless Chromium driven by
 Selenium. Exactly-once is checked on the ledger (the windows tile every
 partition) and by lineage with the auditor.
 
+The stage tasks run their Spark job on the worker's warm Spark Connect server,
+as the compose deployment does (tests/e2e/conftest.py): what these tests are
+about is the scheduler's, the API's and the UI's part. The example DAGs'
+spark-submit through Airflow is the other e2e modules' (dag.test).
+
 One stack for the module (starting it costs ~30 s); the tests run in file order
 and each builds on the state the previous ones left, as an operator would.
 """
@@ -34,11 +39,11 @@ from airflow_eos.core.ledger import Ledger
 from airflow_eos.verify import verify
 from airflow_eos.core.windows import to_millis
 from harness import browser as ui
-from harness.airflow_stack import SMALL_MACHINE_SPARK_DEFAULTS, airflow_stack, postgres_database
+from harness.airflow_stack import airflow_stack, postgres_database
 from harness.topics import recreate_topic
 
 # Correctness first: on a 2-core machine shared with other Spark work, a window's
-# spark-submit alone can take minutes, so the waits are generous.
+# stage can take minutes, so the waits are generous.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +83,7 @@ def produce_orders(bootstrap: str) -> dict[int, int]:
 
 
 @pytest.fixture(scope="module")
-def live(pg_server, kafka, tmp_path_factory):
+def live(pg_server, kafka, connect_server, tmp_path_factory):
     """The stack, with a target database and the orders topic of this module.
 
     ``EOS_FAULTS`` reaches every task process through the scheduler's
@@ -104,12 +109,12 @@ def live(pg_server, kafka, tmp_path_factory):
                               "extra": {"bootstrap.servers": kafka.address, "fetch.wait.max.ms": 10}},
             "postgres_default": {"conn_type": "postgres", "host": pg["host"], "port": int(pg["port"]),
                                  "login": pg["user"], "schema": pg["dbname"], "password": pg.get("password")},
-            "spark_default": {"conn_type": "spark", "host": "local[2]"},
+            "spark_default": {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_server.port},
         }
         home = Path(tempfile.mkdtemp(prefix="eos-live-airflow-"))
         try:
             with airflow_stack(home, dags_folder=ROOT / "dags", metadata_url=metadata_url, connections=connections,
-                               parallelism=4, spark_defaults=SMALL_MACHINE_SPARK_DEFAULTS,
+                               parallelism=4,
                                min_file_process_interval=900,
                                env={"EOS_FAULTS": f"{FAULT}=raise*{FAULT_TRIES}",
                                     "EOS_FAULTS_STATE": str(fault_state)}) as stack:

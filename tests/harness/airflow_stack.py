@@ -61,19 +61,12 @@ from pathlib import Path
 from typing import Any
 
 from airflow_eos.embedded import free_port
-from harness.jvm import submit_opts
 
 log = logging.getLogger(__name__)
 
 AIRFLOW_BIN = Path(sys.executable).with_name("airflow")
 FINISHED = ("success", "failed")
 
-#: Spark settings for stage jobs on a small shared machine: no UI, few shuffle
-#: partitions (the driver's JVM flags are the run's, harness.jvm).
-SMALL_MACHINE_SPARK_DEFAULTS = {
-    "spark.ui.enabled": "false",
-    "spark.sql.shuffle.partitions": "4",
-}
 _DROPPED_PREFIXES = ("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_")
 _DROPPED = ("AIRFLOW_HOME", "AIRFLOW_CONFIG")
 
@@ -353,10 +346,6 @@ class AirflowStack:
     :param triggerer: also run a triggerer (needed by deferrable tasks)
     :param use_job_schedule: let the scheduler create runs from DAG schedules
     :param parallelism: task slots of the LocalExecutor
-    :param spark_defaults: if given, Spark settings for every ``spark-submit``
-        the tasks run, as Java system properties (``SPARK_SUBMIT_OPTS``, after
-        the run's JVM flags of harness.jvm; ``--conf`` still wins; a value has
-        no space), e.g. :data:`SMALL_MACHINE_SPARK_DEFAULTS`
     :param min_file_process_interval: seconds between two parses of a DAG file
     """
 
@@ -371,7 +360,6 @@ class AirflowStack:
         triggerer: bool = False,
         use_job_schedule: bool = False,
         parallelism: int = 4,
-        spark_defaults: Mapping[str, str] | None = None,
         min_file_process_interval: int = 300,
         port: int | None = None,
         startup_timeout: float = 180,
@@ -385,7 +373,6 @@ class AirflowStack:
         self.with_triggerer = triggerer
         self.use_job_schedule = use_job_schedule
         self.parallelism = parallelism
-        self.spark_defaults = dict(spark_defaults) if spark_defaults is not None else None
         self.min_file_process_interval = min_file_process_interval
         self.port = port or free_port()
         self.startup_timeout = startup_timeout
@@ -442,8 +429,6 @@ class AirflowStack:
             "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
             "PYTHONUNBUFFERED": "1",
         })
-        if self.spark_defaults:  # not a SPARK_CONF_DIR: the run's class archive serves Spark's own only
-            env["SPARK_SUBMIT_OPTS"] = submit_opts(*(f"-D{k}={v}" for k, v in self.spark_defaults.items()))
         for conn_id, conn in self.connections.items():
             env[f"AIRFLOW_CONN_{conn_id.upper()}"] = conn if isinstance(conn, str) else json.dumps(conn)
         env.update(self.extra_env)

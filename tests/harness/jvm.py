@@ -54,11 +54,6 @@ spark.stop()
 """
 
 
-def submit_opts(*options: str) -> str:
-    """SPARK_SUBMIT_OPTS: this process's, then ``options``."""
-    return " ".join(filter(None, (os.environ.get("SPARK_SUBMIT_OPTS"), *options)))
-
-
 class ClassArchive:
     """The run's class-data archive, made in the background; :meth:`stop` ends
     the job if it still runs and deletes the archive."""
@@ -71,7 +66,8 @@ class ClassArchive:
 
     def submit_opts(self) -> str:
         """SPARK_SUBMIT_OPTS for every driver of the run: the flags and the archive."""
-        return submit_opts(*FLAGS, f"-XX:SharedArchiveFile={self.path}")
+        return " ".join(filter(None, (os.environ.get("SPARK_SUBMIT_OPTS"), *FLAGS,
+                                      f"-XX:SharedArchiveFile={self.path}")))
 
     def start(self) -> None:
         """Run the warm-up job; its JVM writes the archive at its exit, under
