@@ -39,6 +39,7 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_AIRFLOW_HOME}/
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 import pytest  # noqa: E402
+from _pytest.mark.expression import Expression  # noqa: E402
 
 from airflow_eos.embedded import iceberg_rest_service, schema_registry_service  # noqa: E402
 from airflow_eos.embedded.kafka import PERFORMANCE_OPTS_ENV  # noqa: E402
@@ -60,10 +61,19 @@ def pytest_configure(config):
     # The run's one process that is no xdist worker (the workers inherit its environment); the unit
     # tests start no JVM.
     if not hasattr(config, "workerinput") and not all(a.startswith("tests/unit") for a in config.args):
-        _class_archive = ClassArchive()
-        os.environ["SPARK_SUBMIT_OPTS"] = _class_archive.submit_opts()
         os.environ.setdefault(PERFORMANCE_OPTS_ENV, " ".join(FLAGS))  # every broker the run starts
-        _class_archive.start()
+        if _selects_slow_tests(config):
+            _class_archive = ClassArchive()
+            os.environ["SPARK_SUBMIT_OPTS"] = _class_archive.submit_opts()
+            _class_archive.start()
+
+
+def _selects_slow_tests(config) -> bool:
+    """Whether ``-m`` lets the tests marked slow run: every test that starts a Spark driver is one
+    (pyproject's markers), so ``make test-fast`` (``-m "not slow"``) needs no class archive, whose
+    warm-up job cost it ~43 CPU-s."""
+    markexpr = config.getoption("markexpr")
+    return not markexpr or Expression.compile(markexpr).evaluate(lambda name, **_: name == "slow")
 
 
 def pytest_collection_modifyitems(session, config, items):
