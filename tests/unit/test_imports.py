@@ -23,10 +23,13 @@ DAGS = Path(__file__).resolve().parents[2] / "dags"
 # hook loads: the hooks must not be imported at parse time either.
 HEAVY = ("pyspark", "pyarrow", "pandas", "numpy", "psycopg", "psycopg2", "confluent_kafka")
 
+# An expression, in the child interpreter: the HEAVY packages in its sys.modules.
+_HEAVY_LOADED = f'sorted({{name.partition(".")[0] for name in sys.modules}} & set({HEAVY!r}))'
 _REPORT = f"""
 import json, sys
-print(json.dumps(sorted({{name.partition(".")[0] for name in sys.modules}} & set({HEAVY!r}))))
+print(json.dumps({_HEAVY_LOADED}))
 """
+DAG_FILES = sorted(DAGS.glob("*.py"))
 
 
 def loaded_heavy_packages(code: str) -> list[str]:
@@ -59,9 +62,6 @@ import json, os, sys
 import airflow
 from airflow.models.dagbag import DagBag
 
-def heavy():
-    return sorted({{name.partition(".")[0] for name in sys.modules}} & set({HEAVY!r}))
-
 parsed = {{}}
 for path in sys.argv[1:]:
     read, write = os.pipe()
@@ -70,7 +70,7 @@ for path in sys.argv[1:]:
             os.close(read)
             bag = DagBag(dag_folder=path)
             report = {{"errors": {{f: str(e) for f, e in bag.import_errors.items()}}, "dag_ids": bag.dag_ids,
-                      "heavy": heavy()}}
+                      "heavy": {_HEAVY_LOADED}}}
             os.write(write, json.dumps(report).encode())
         finally:
             os._exit(0)
@@ -86,14 +86,13 @@ print(json.dumps(parsed))
 def parsed_example_dags() -> dict:
     """Per example DAG file: its parse's import errors, DAG ids and the HEAVY packages loaded
     (``import airflow``'s included); None if its process died (its traceback under ``stderr``)."""
-    files = [str(p) for p in sorted(DAGS.glob("*.py"))]
-    done = subprocess.run([sys.executable, "-c", _PARSE_EACH_FORKED, *files], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-c", _PARSE_EACH_FORKED, *map(str, DAG_FILES)], capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr[-3000:]}
 
 
-@pytest.mark.parametrize("dag_file", sorted(p.name for p in DAGS.glob("*.py")))
+@pytest.mark.parametrize("dag_file", [p.name for p in DAG_FILES])
 def test_parsing_an_example_dag_imports_no_client_library(dag_file, parsed_example_dags):
     """The file must really define its DAG, or the check proves nothing."""
     parsed = parsed_example_dags[dag_file]
