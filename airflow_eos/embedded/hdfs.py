@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from airflow_eos.core.jars import JarCache
-from airflow_eos.embedded.processes import JvmService, wait_for_port
+from airflow_eos.embedded.processes import SMALL_JVM_FLAGS, JvmService, wait_for_port
 
 log = logging.getLogger("airflow_eos.embedded")
 
@@ -53,7 +53,7 @@ class HdfsCluster(JvmService):
         return f"hdfs://127.0.0.1:{self.port}"
 
     def _command(self, details: Path, config: Path) -> list[str]:
-        return ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+        return ["java", f"-Xmx{self.heap}", *SMALL_JVM_FLAGS,
                 "-cp", HDFS_JARS.classpath(),
                 MANAGER, "-format", "-datanodes", "1", "-nnport", "0", "-httpport", "0",
                 "-writeDetails", str(details), "-writeConfig", str(config),

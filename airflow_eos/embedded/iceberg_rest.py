@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from airflow_eos.core.jars import JarCache
-from airflow_eos.embedded.processes import JvmService, free_port, wait_for_port
+from airflow_eos.embedded.processes import SMALL_JVM_FLAGS, JvmService, free_port, wait_for_port
 
 log = logging.getLogger("airflow_eos.embedded")
 
@@ -66,7 +66,7 @@ class IcebergRestCatalog(JvmService):
         started = time.monotonic()
         self.warehouse.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        command = ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+        command = ["java", f"-Xmx{self.heap}", *SMALL_JVM_FLAGS,
                    "-cp", ICEBERG_REST_JARS.classpath(), str(LAUNCHER), str(self.port)]
         with open(self.logfile, "ab") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self._environment(),

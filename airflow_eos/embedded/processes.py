@@ -14,6 +14,12 @@ import time
 from pathlib import Path
 from typing import Self
 
+# The JVM flags of the embedded services that serve a demo or a test run (HDFS's mini-cluster, the Iceberg
+# REST catalog, the schema registry): a small heap's serial collector, and C1 only, since C2's compilations
+# were most of a start's CPU (HDFS's mini-cluster: 14.9 CPU-s to start with C2, 8.8 without; the schema
+# registry likewise). A real deployment of these services is not started here.
+SMALL_JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true")
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from airflow_eos.embedded.processes import JvmService, free_port
+from airflow_eos.embedded.processes import SMALL_JVM_FLAGS, JvmService, free_port
 
 log = logging.getLogger("airflow_eos.embedded")
 
@@ -56,9 +56,8 @@ class SchemaRegistry(JvmService):
         return f"http://127.0.0.1:{self.port}{CCOMPAT_PATH}"
 
     def _command(self) -> list[str]:
-        # C1 only: the registry serves a few requests a test, and C2's compilations were most of its start's CPU
-        return ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                "-Djava.awt.headless=true", "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
+        return ["java", f"-Xmx{self.heap}", *SMALL_JVM_FLAGS, "-Dquarkus.http.host=127.0.0.1",
+                f"-Dquarkus.http.port={self.port}",
                 f"-Djava.io.tmpdir={self.dir}", "-jar", str(schema_registry_jar())]
 
     def start(self, timeout: float = 180.0) -> "SchemaRegistry":
