@@ -13,10 +13,11 @@ N ?= 201
 # (3: with less CPU per test the run waits 24 % of the time on 2 workers; run Z, 2026-11-28 on the Xeon:
 # 32 min 48 s with 3 against 37 min 2 s with 2)
 WORKERS ?= 3
-# the edit-test loop's tests wait far more than they compute: more workers than cores
-# (2026-11-27, 847 tests: 5.7 min with 6, 6.2 with 4; 9.6 with 2 before the matrix was split;
-# 2026-11-28, 950 tests, one HDFS for the run: 297 s with 8, against 325-339 s with 6 before it)
-FAST_WORKERS ?= 8
+# the edit-test loop's workers: more than the 2 cores, since its tests wait on the services, but not so many
+# that they crowd each other out. On the Xeon (2026-11-28, 951 tests, machine otherwise idle): 8 workers
+# 386-413 s in five runs (392 s at 770 busy core-s), 6 workers 352 s (666), 5 workers 326 s (598) and 391 s
+# (734), 4 workers 357 s (577, and 130 core-s idle). Runs of one setting vary by up to a fifth.
+FAST_WORKERS ?= 5
 # and each fault-suite module runs 8 cases at once, not 4 (the soak's setting): its cases wait on the
 # broker and the database (Kafka matrix, loaded machine: 55 s instead of 72, the same 49-52 CPU-s)
 
