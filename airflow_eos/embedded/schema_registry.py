@@ -57,8 +57,7 @@ class SchemaRegistry(JvmService):
 
     def _command(self) -> list[str]:
         return ["java", f"-Xmx{self.heap}", *SMALL_JVM_FLAGS, "-Dquarkus.http.host=127.0.0.1",
-                f"-Dquarkus.http.port={self.port}",
-                f"-Djava.io.tmpdir={self.dir}", "-jar", str(schema_registry_jar())]
+                f"-Dquarkus.http.port={self.port}", f"-Djava.io.tmpdir={self.dir}", "-jar", str(schema_registry_jar())]
 
     def start(self, timeout: float = 180.0) -> "SchemaRegistry":
         started = time.monotonic()
