@@ -45,6 +45,7 @@ POINTS = frozenset({
     # A target without transactions (the file target) commits in two phases:
     "commit.after_decision",  # the ledger decided (window committed), nothing moved into place yet
     "commit.after_rename",  # the files renamed into place, the ledger not yet told they are published
+    "commit.before_cleanup",  # the ledger marked the publication published (or superseded); staging not cleaned up
     # The Kafka target runs its whole transaction in the commit task:
     "commit.mid_produce",  # half the window's records produced (flushed) in the open Kafka transaction
     "commit.after_kafka_commit",  # the Kafka transaction committed, the ledger not yet told

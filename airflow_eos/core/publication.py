@@ -154,6 +154,7 @@ class PublishedAfterDecision:
             log.info("%s: the window was committed by a newer attempt since; this one is never published", attempt)
         elif how == COMPLETE:
             log.info("%s: %s holds it already; nothing to do", attempt, self.publication_place(attempt))
+        fault_point("commit.before_cleanup")
         self.after_publication(attempt, how)
         return how
 
@@ -181,24 +182,30 @@ class PublishedAfterDecision:
 
     def require_published(self, window: Window) -> None:
         """Raise TargetError if the window's committed attempt is decided and
-        not published (after one more try to publish it)."""
+        not published (after one more try to publish it). A published one is
+        published again (:data:`COMPLETE`): its cleanup runs once more, in
+        case the process that published it died before cleaning up."""
         with self.ledger.connect() as conn:
             row = conn.execute(
-                "SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table FROM eos.windows w"
-                " JOIN eos.publications p ON p.pipeline = w.pipeline AND p.window_start = w.window_start"
-                " AND p.epoch = w.committed_epoch JOIN eos.attempts a ON a.pipeline = p.pipeline"
-                " AND a.window_start = p.window_start AND a.epoch = p.epoch"
-                " WHERE w.pipeline = %s AND w.window_start = %s AND w.state = 'committed' AND p.state = 'decided'",
+                "SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table, p.state"
+                " FROM eos.windows w JOIN eos.publications p ON p.pipeline = w.pipeline"
+                " AND p.window_start = w.window_start AND p.epoch = w.committed_epoch JOIN eos.attempts a"
+                " ON a.pipeline = p.pipeline AND a.window_start = p.window_start AND a.epoch = p.epoch"
+                " WHERE w.pipeline = %s AND w.window_start = %s AND w.state = 'committed'",
                 (window.pipeline, window.start)).fetchone()
         if row is None:
             return
-        pending = Attempt(*row)
+        committed, state = Attempt(*row[:-1]), row[-1]
         try:
-            self.publish(pending)
+            self.publish(committed)
         except Exception as exc:
-            raise TargetError(f"window {window} is decided, not published: {pending} is committed in the ledger "
+            if state != DECIDED:  # readers see the window: a failed cleanup is the sweep's to finish
+                log.warning("%s: cleaning up after its publication failed (the sweep tries again): %s", committed,
+                            exc)
+                return
+            raise TargetError(f"window {window} is decided, not published: {committed} is committed in the ledger "
                               f"(the pipeline's offsets advanced past it) but not in "
-                              f"{self.publication_place(pending)}. {exc}") from exc
+                              f"{self.publication_place(committed)}. {exc}") from exc
 
     def pending_publications(self) -> list[Attempt]:
         """The committed attempts of this target's decided, unpublished

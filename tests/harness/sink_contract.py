@@ -87,8 +87,9 @@ class PostgresContract(ContractTarget):
 
 class FilesContract(ContractTarget):
     kind = "files"
-    commit_points = frozenset({"commit.before_publish", "commit.after_decision", "commit.after_rename"})
-    decided_points = frozenset({"commit.after_decision", "commit.after_rename"})  # the ledger decided
+    commit_points = frozenset({"commit.before_publish", "commit.after_decision", "commit.after_rename",
+                               "commit.before_cleanup"})
+    decided_points = commit_points - {"commit.before_publish"}  # the ledger decided
 
     def spec(self, services: Services, on_committed: str = "skip") -> TargetSpec:
         from airflow_eos.targets.files import FileTarget
@@ -135,8 +136,9 @@ class KafkaContract(ContractTarget):
 
 class IcebergContract(ContractTarget):
     kind = "iceberg"
-    commit_points = frozenset({"commit.before_publish", "commit.after_decision", "commit.after_publish"})
-    decided_points = frozenset({"commit.after_decision", "commit.after_publish"})  # the ledger decided
+    commit_points = frozenset({"commit.before_publish", "commit.after_decision", "commit.after_publish",
+                               "commit.before_cleanup"})
+    decided_points = commit_points - {"commit.before_publish"}  # the ledger decided
 
     def spec(self, services: Services, on_committed: str = "skip") -> TargetSpec:
         from harness.iceberg import create_table

@@ -48,12 +48,16 @@ class Contract:
     def plans(self, indices):
         return self._freeze(PIPELINE, list(indices), partitions=[(self.source, p) for p in range(PARTITIONS)])
 
-    def stage(self, plan, *, version=1, prepare=True):
-        """begin → one writer call per planned partition (as Spark tasks) → checkpoint → prepare."""
+    def stage(self, plan, *, version=1, prepare=True, dead_letters=0):
+        """begin → one writer call per planned partition (as Spark tasks) → checkpoint → prepare;
+        the last ``dead_letters`` records of each range staged as dead letters."""
         attempt = self.sink.begin(plan.window)
         writer = pickle.loads(pickle.dumps(self.sink.writer(attempt)))  # as Spark ships it to a task
-        chunks = [writer.write([self.target.batch(r.topic, r.partition, list(range(r.start_offset, r.end_offset)),
-                                                  version)]) for r in plan.ranges]
+        chunks = [writer.write([self.target.batch(r.topic, r.partition,
+                                                  list(range(r.start_offset, r.end_offset - dead_letters)), version)],
+                               [{"topic": r.topic, "partition": r.partition, "offset": o, "error": "unreadable"}
+                                for o in range(r.end_offset - dead_letters, r.end_offset)])
+                  for r in plan.ranges]
         self.sink.checkpoint(attempt, [ConsumedRange(r.topic, r.partition, r.start_offset, r.end_offset, r.width)
                                        for r in plan.ranges], chunks)
         if prepare:

@@ -135,6 +135,33 @@ def test_a_zombie_attempts_files_are_deleted_and_never_a_committed_one(iceberg, 
     assert iceberg.seen() == lineage(plan)
 
 
+def test_a_commit_that_died_before_its_cleanup_is_cleaned_up_by_the_sweep(iceberg, services):
+    """The commit dies once the ledger marked the window published, before
+    deleting what no snapshot names (its dead letters' files: the ledger has
+    them): readers see the window once meanwhile, and the sweep finishes the
+    cleanup, keeping every file a snapshot names."""
+    from datetime import timedelta
+
+    from airflow_eos.targets.iceberg.writer import DEAD_LETTERS, ROWS
+    [plan] = iceberg.plans([0])
+    attempt = iceberg.stage(plan, dead_letters=1)
+    url = iceberg.sink.attempt_url(attempt)
+    with injected("commit.before_cleanup=raise"), pytest.raises(FaultInjected):
+        iceberg.sink.commit(attempt)
+    dead = sorted((r.topic, r.partition, r.end_offset - 1) for r in plan.ranges)
+    rows = [record for record in lineage(plan) if record not in dead]
+    with iceberg.sink.ledger.connect() as conn:
+        assert conn.execute("SELECT state FROM eos.publications").fetchall() == [("published",)]
+        assert sorted(conn.execute("SELECT topic, partition, \"offset\" FROM eos.dead_letters").fetchall()) == dead
+    assert iceberg.seen() == rows
+    assert len(iceberg.sink.store.listing(f"{url}/{DEAD_LETTERS}")) == PARTITIONS  # the cleanup did not run
+    assert iceberg.sink.sweep(timedelta(0)) == []
+    assert iceberg.sink.store.subdirectories(url) == [ROWS]
+    committed = sorted(t.file.file_path for t in load(iceberg).scan().plan_files())
+    assert sorted(f"{url}/{ROWS}/{f.name}" for f in iceberg.sink.store.listing(f"{url}/{ROWS}")) == committed
+    assert iceberg.seen() == rows
+
+
 def test_a_reader_at_any_snapshot_sees_the_old_window_or_the_new_never_neither_or_both(replacing, services):
     [plan] = replacing.plans([0])
     first = replacing.stage(plan, version=1)

@@ -16,8 +16,10 @@ from datetime import datetime, timedelta
 
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import ABORTED, Attempt
+from airflow_eos.core.publication import COMPLETE, PUBLISHED_STATE, SUPERSEDED, SUPERSEDED_HOW
 from airflow_eos.core.windows import Window
 from airflow_eos.targets.iceberg.fields import IcebergSinkFields
+from airflow_eos.targets.iceberg.writer import DEAD_LETTERS
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +46,28 @@ class IcebergAbort(IcebergSinkFields):
 
     def sweep(self, older_than: timedelta, *, now: datetime | None = None) -> list[Attempt]:
         """Abort this table's attempts live longer than ``older_than``, finish
-        decided publications, and delete the folders of this ledger's aborted
-        attempts that are still there."""
+        decided publications, delete the folders of this ledger's aborted
+        attempts that are still there, and finish the cleanup of published
+        (or superseded) attempts whose publisher died before it: a folder
+        that still has ``dead_letters/`` (the cleanup deletes it last)."""
         swept = super().sweep(older_than, now=now)  # type: ignore[misc]
         self.finish_pending()  # type: ignore[attr-defined]
         names = self.store.subdirectories(self.eos_root)
         with self.ledger.connect() as conn, conn.transaction():
-            aborted = [r[0] for r in conn.execute(
-                "SELECT staging_table FROM eos.attempts WHERE staging_table = ANY(%s) AND state = %s",
-                (names, ABORTED))]
-        for name in aborted:
-            log.info("sweep: deleting %s (its attempt was aborted)", self.attempt_url(name))
-            self.store.delete_tree(self.attempt_url(name))
+            ended = conn.execute(
+                "SELECT a.pipeline, a.window_start, w.window_end, a.epoch, a.staging_table, a.state, p.state"
+                " FROM eos.attempts a JOIN eos.windows w ON w.pipeline = a.pipeline AND w.window_start = a.window_start"
+                " LEFT JOIN eos.publications p ON p.pipeline = a.pipeline AND p.window_start = a.window_start"
+                " AND p.epoch = a.epoch WHERE a.staging_table = ANY(%s) AND (a.state = %s OR p.state IN (%s, %s))",
+                (names, ABORTED, PUBLISHED_STATE, SUPERSEDED)).fetchall()
+        for *key, state, publication in ended:
+            attempt = Attempt(*key)
+            url = self.attempt_url(attempt)
+            if state == ABORTED:
+                log.info("sweep: deleting %s (its attempt was aborted)", url)
+                self.store.delete_tree(url)
+            elif DEAD_LETTERS in self.store.subdirectories(url):
+                log.info("sweep: cleaning up %s (its publisher died before it did)", url)
+                self.after_publication(  # type: ignore[attr-defined]
+                    attempt, SUPERSEDED_HOW if publication == SUPERSEDED else COMPLETE)
         return swept

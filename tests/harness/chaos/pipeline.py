@@ -51,6 +51,7 @@ POINT_STEPS: dict[str, tuple[str, ...]] = {
     "commit.after_commit": ("commit",),
     "commit.after_decision": ("commit",),
     "commit.after_rename": ("commit",),
+    "commit.before_cleanup": ("commit",),
     "commit.mid_produce": ("commit",),
     "commit.after_kafka_commit": ("commit",),
     "abort.inside": ("stage", "abort"),  # the stage job's own abort after a failure, and the teardown
@@ -63,13 +64,16 @@ assert set(POINT_STEPS) == POINTS, "a fault point was added: say where it fires"
 # points and two of its own; the Iceberg target's commit is a two-phase commit
 # too: the ledger decides, then the table's commit, ``commit.after_publish``
 # firing once the snapshot landed and before the ledger marks it published).
+# Both two-phase targets clean up after the ledger marked the publication
+# (``commit.before_cleanup``).
 TARGETS = ("postgres", "files", "kafka", "iceberg")
 _FILE_POINTS = frozenset({"commit.after_decision", "commit.after_rename"})
 _KAFKA_POINTS = frozenset({"commit.mid_produce", "commit.after_kafka_commit"})
+_TWO_PHASE_POINTS = frozenset({"commit.before_cleanup"})
 TARGET_POINTS: dict[str, frozenset[str]] = {
-    "postgres": POINTS - _FILE_POINTS - _KAFKA_POINTS,
+    "postgres": POINTS - _FILE_POINTS - _KAFKA_POINTS - _TWO_PHASE_POINTS,
     "files": POINTS - {"commit.after_publish"} - _KAFKA_POINTS,
-    "kafka": POINTS - _FILE_POINTS,
+    "kafka": POINTS - _FILE_POINTS - _TWO_PHASE_POINTS,
     "iceberg": POINTS - {"commit.after_rename"} - _KAFKA_POINTS,
 }
 # What clearing a committed window can do on each target: a topic is
