@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import uuid
 
-import psycopg
 import pytest
 
 from airflow_eos.core.database import close_idle
 from airflow_eos.core.ledger import Ledger
 from harness import chaos
 from harness.chaos.cases import HOURS, PARTITIONS, PER_HOUR, new_pipeline
+from harness.databases import empty_database
 from harness.tally import TALLY
 
 
@@ -87,15 +87,9 @@ def chaos_avro_source(kafka, schema_registry):
 @pytest.fixture(scope="session")
 def chaos_db(pg_server):
     """One ledger database for the suite; scenarios differ by pipeline and table."""
-    name = f"eos_chaos_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server.address, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = pg_server.address.rpartition("/")
-    url = f"{base}/{name}"
-    Ledger(url).migrate()
-    yield url
-    with psycopg.connect(pg_server.address, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with empty_database(pg_server.address) as url:
+        Ledger(url).migrate()
+        yield url
 
 
 @pytest.fixture
@@ -111,12 +105,7 @@ def make_pipeline(chaos_db, chaos_source, tmp_path):
 def ledger_template(pg_server):
     """A migrated, empty ledger database nobody connects to: scratch databases
     are copies of it (CREATE DATABASE ... TEMPLATE), cheaper than migrating each."""
-    name = f"eos_chaos_template_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server.address, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = pg_server.address.rpartition("/")
-    Ledger(f"{base}/{name}").migrate()
-    close_idle()  # the migration's connection, kept for reuse: a template must have none
-    yield name
-    with psycopg.connect(pg_server.address, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with empty_database(pg_server.address) as url:
+        Ledger(url).migrate()
+        close_idle()  # the migration's connection, kept for reuse: a template must have none
+        yield url.rpartition("/")[2]

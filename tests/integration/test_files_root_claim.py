@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import uuid
 from datetime import datetime, timedelta, timezone
 
-import psycopg
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
@@ -25,6 +23,7 @@ from airflow_eos.core.sink import PUBLISHED
 from airflow_eos.core.windows import PartitionRange, Window, WindowPlan
 from airflow_eos.targets.files import FileTarget
 from airflow_eos.targets.files.identity import ROOT_CLAIM
+from harness.databases import empty_database
 from memlog import MemoryLog
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -47,15 +46,12 @@ def link(tmp_path, root):
 
 @pytest.fixture
 def other_ledger(pg_server):
-    """A second ledger: another database on the same server."""
-    name = f"eos_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.address, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    ledger = Ledger(f"{pg_server.address.rpartition('/')[0]}/{name}")
-    ledger.migrate()
-    yield ledger
-    with psycopg.connect(pg_server.address, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """A second ledger: another database on the same server, migrated on its own (a copy of
+    ledger_template would be the same ledger: a ledger's identity is when its schema was created)."""
+    with empty_database(pg_server.address) as url:
+        ledger = Ledger(url)
+        ledger.migrate()
+        yield ledger
 
 
 def freeze(ledger, pipeline, i=0):

@@ -16,11 +16,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psycopg
-
 from airflow_eos.core.ledger import Ledger
 from airflow_eos.targets.files.storage import files_for
 from harness import chaos
+from harness.databases import empty_database
 
 HOURS = 6  # windows available in the shared topic
 PER_HOUR = 12  # records per partition and hour
@@ -75,20 +74,11 @@ def scratch_database(server_url: str, *, template: str | None = None, durable: b
     servers run with synchronous_commit=off, whose acknowledged commits a
     crash loses), set before any connection opens: a session keeps the setting
     it started with, and the ledger's pool reuses the migration's sessions."""
-    name = f"eos_chaos_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-        if durable:
-            admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
-    base, _, _ = server_url.rpartition("/")
-    url = f"{base}/{name}"
-    try:
+    settings = {"synchronous_commit": "on"} if durable else None
+    with empty_database(server_url, template=template, settings=settings) as url:
         if template is None:
             Ledger(url).migrate()
         yield url
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def selected_params(request, function: str) -> list[dict]:
