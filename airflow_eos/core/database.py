@@ -255,8 +255,10 @@ def _ends_idle(conn: psycopg.Connection) -> bool:
     return conn.info.server_version >= 140000
 
 
-def _take(key: tuple) -> psycopg.Connection | None:
-    """An idle connection of this thread for ``key`` that still answers, or None."""
+def _take(key: tuple, doing: str | None) -> psycopg.Connection | None:
+    """An idle connection of this thread for ``key`` that still answers, named
+    for ``doing`` (see :func:`reused`), or None."""
+    from psycopg import sql
     idle = _idle_conns()
     for i in range(len(idle) - 1, -1, -1):
         if idle[i][0] == key:
@@ -265,11 +267,21 @@ def _take(key: tuple) -> psycopg.Connection | None:
                 # The round trip that proves it alive (a restarted server, a
                 # dropped database, the server's idle timeout: take none), and
                 # the server's own idle timeout back to what a new session has.
-                conn.execute("RESET idle_session_timeout" if _ends_idle(conn) else "SELECT 1")
+                check = sql.SQL("RESET idle_session_timeout" if _ends_idle(conn) else "SELECT 1")
+                conn.execute(check if doing is None else sql.SQL("; ").join([check, _naming(doing)]))
                 return conn
             except Exception:  # noqa: BLE001 - any failure means: not this one
                 conn.close()
     return None
+
+
+def _naming(doing: str) -> psycopg.sql.Composable:
+    """The statement that names the session for ``doing`` as :func:`connect`
+    names a new one, until :func:`_give_back`'s RESET ALL puts back the name
+    it opened with."""
+    from psycopg import sql
+    return sql.SQL("SELECT set_config('application_name', {}, false)").format(
+        sql.Literal(f"airflow-eos {doing}"[:63]))
 
 
 def _give_back(key: tuple, conn: psycopg.Connection) -> None:
@@ -284,9 +296,8 @@ def _give_back(key: tuple, conn: psycopg.Connection) -> None:
         if conn.info.transaction_status != TransactionStatus.IDLE:
             conn.rollback()
         conn.autocommit = True
-        conn.execute(_RESET)
-        if _ends_idle(conn):
-            conn.execute(f"SET idle_session_timeout = {max(1, int(IDLE_LIMIT_S * 1000))}")
+        conn.execute(_RESET + (f"; SET idle_session_timeout = {max(1, int(IDLE_LIMIT_S * 1000))}"
+                               if _ends_idle(conn) else ""))
     except Exception:  # noqa: BLE001 - not reusable: closed below
         conn.close()
         return
@@ -297,21 +308,36 @@ def _give_back(key: tuple, conn: psycopg.Connection) -> None:
 
 
 @contextlib.contextmanager
-def reused(url: str, purpose: str, *, autocommit: bool = True,
+def reused(url: str, purpose: str, *, doing: str | None = None, autocommit: bool = True,
            connect_timeout: int = 10) -> Iterator[psycopg.Connection]:
     """A connection as :func:`connect` makes one, for the block: one this thread
     finished with (reset, checked with a round trip) when there is one, else a
     new one. After the block it is kept as closing would leave it (an open
     transaction rolled back, session state discarded) for IDLE_LIMIT_S at most,
-    or closed. A thread keeps IDLE_PER_THREAD at most; they close with it."""
+    or closed. A thread keeps IDLE_PER_THREAD at most; they close with it.
+
+    ``purpose`` names the kind of use (its connections are only reused for
+    it) and the session while it rests; ``doing`` (``"commit <attempt>"``), if
+    given, is the session's application_name during the block, so that
+    pg_stat_activity says which window a busy or blocked session works on."""
     key = (url, purpose, connect_timeout)
-    conn = _take(key)
+    conn = _take(key, doing)
     if conn is None:
-        conn = connect(url, purpose, autocommit=autocommit, connect_timeout=connect_timeout)
-    else:
+        conn = connect(url, purpose, connect_timeout=connect_timeout)
+        if doing is not None:
+            _name(conn, doing)
+    try:
         conn.autocommit = autocommit
         conn.isolation_level = conn.read_only = conn.deferrable = None
-    try:
         yield conn
     finally:
         _give_back(key, conn)
+
+
+def _name(conn: psycopg.Connection, doing: str) -> None:
+    """A new connection's application_name for ``doing``; closed if that fails."""
+    try:
+        conn.execute(_naming(doing))  # in autocommit, as connect() opens it: no transaction begins
+    except BaseException:
+        conn.close()
+        raise

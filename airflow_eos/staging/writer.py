@@ -18,6 +18,7 @@ stage job can dead-letter those rows without knowing PostgreSQL's diagnostics.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_eos.core.attempt import StagedChunk
-from airflow_eos.core.database import connect, pg_message, redact
+from airflow_eos.core.database import pg_message, redact, reused
 from airflow_eos.core.errors import LedgerUnavailable, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import dead_letters_as_rows
@@ -46,6 +47,7 @@ from airflow_eos.staging.encoding import (
 from airflow_eos.staging.tables import CHUNK_COLUMN, STAGING_SCHEMA, staging_ids
 
 if TYPE_CHECKING:
+    import psycopg
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
@@ -135,9 +137,8 @@ class StagingWriter:
         fmt = CopyFormat.CSV
         started = time.monotonic()
         rows_table, dead_table = staging_ids(self.staging)
-        conn = connect(self.url, f"stage {self.staging}")
         try:
-            with conn.transaction():
+            with self._connection(f"stage {self.staging}") as conn, conn.transaction():
                 conn.execute("SET LOCAL TIME ZONE 'UTC'")  # zone-less timestamps are UTC
                 conn.execute("SELECT set_config('eos.chunk', %s, true)", (str(chunk),))
                 with conn.cursor() as cur:
@@ -158,8 +159,6 @@ class StagingWriter:
         except (pa.ArrowException, ValueError) as exc:  # pgpq raises ValueError for what it cannot encode
             raise TargetError(f"cannot encode rows for {self.target}: {exc} (nested types need a cast to "
                               "string or JSON in the transform)") from exc
-        finally:
-            conn.close()
         seconds = time.monotonic() - started
         log.info("staged chunk %d into %s: %d rows (%s COPY), %d dead letters in %.2fs (%.0f rows/s)", chunk,
                  self.staging, rows, fmt.value, dead, seconds, rows / seconds if seconds else 0)
@@ -187,6 +186,11 @@ class StagingWriter:
                 fault_point("stage.mid_write")
             copy.write(encoder.trailer())
         return rows
+
+    def _connection(self, doing: str) -> contextlib.AbstractContextManager[psycopg.Connection]:
+        """A connection for ``doing``, one this process's thread finished with if
+        it can: a Spark worker writes many chunks, each in its own transaction."""
+        return reused(self.url, "staging writer", doing=doing)
 
     def _staging_error(self, exc: Exception, doing: str) -> Exception:
         """What write and refused_values raise for the two failures they share:
@@ -231,9 +235,8 @@ class StagingWriter:
         rows_table, _ = staging_ids(self.staging)
         texts = copy_texts(values)
         asked, nul = split_nul(texts)
-        conn = connect(self.url, f"check {self.staging}")
         try:
-            with conn.transaction():
+            with self._connection(f"check {self.staging}") as conn, conn.transaction():
                 conn.execute("SET LOCAL TIME ZONE 'UTC'")  # as write() does
                 found = conn.execute(
                     "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass"
@@ -249,8 +252,6 @@ class StagingWriter:
         except psycopg.errors.UndefinedFunction as exc:
             raise TargetError(f"the ledger of {redact(self.url)} lacks eos.refused_inputs: migrate it "
                               "(Ledger.migrate, version 6)") from exc
-        finally:
-            conn.close()
         refused = [(int(row), texts[row], str(error)) for row, error in refused]
         refused += [(row, text, NUL_REFUSED) for row, text in nul.items()]
         return found[0], sorted(refused)

@@ -80,6 +80,26 @@ def test_a_reused_connection_carries_nothing_of_the_last_block(pg_url):
     assert sessions(pg_url) == [(first, "idle")]
 
 
+def test_a_session_is_named_for_what_it_does_and_rests_under_its_purpose(pg_url):
+    """pg_stat_activity tells which window a busy session works on, and an idle
+    one by the use it is kept for; naming it begins no transaction."""
+    from psycopg.pq import TransactionStatus
+    for autocommit in (True, False):
+        with reused(pg_url, "postgres target", doing="commit w1 e1", autocommit=autocommit) as conn:
+            assert conn.info.transaction_status == TransactionStatus.IDLE
+            first = conn.info.backend_pid
+            assert conn.execute("SHOW application_name").fetchone() == ("airflow-eos commit w1 e1",)
+        assert after_closing(lambda: sessions(pg_url, "airflow-eos postgres target"), [(first, "idle")]) == \
+            [(first, "idle")]
+        with reused(pg_url, "postgres target", doing="prepare w2 e1", autocommit=autocommit) as conn:
+            assert conn.info.backend_pid == first and conn.info.transaction_status == TransactionStatus.IDLE
+            assert conn.execute("SHOW application_name").fetchone() == ("airflow-eos prepare w2 e1",)
+        with reused(pg_url, "postgres target") as conn:
+            assert conn.info.backend_pid == first
+            assert conn.execute("SHOW application_name").fetchone() == ("airflow-eos postgres target",)
+        close_idle()
+
+
 def test_a_failed_block_rolls_back_and_a_broken_session_is_not_kept(pg_url):
     ledger = Ledger(pg_url)
     with ledger.connect() as conn, conn.transaction():

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_eos.core import attempt as attempts
 from airflow_eos.core.attempt import Attempt, AttemptStatus, Checkpoint
 from airflow_eos.core.commit import Published, Settlement
-from airflow_eos.core.database import connect, pg_message, redact
+from airflow_eos.core.database import pg_message, redact, reused
 from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, NotPrepared, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.ledger import Ledger
@@ -167,15 +167,17 @@ class PostgresSink(Sink):
 
     @contextlib.contextmanager
     def _connection(self, purpose: str, hint: str = "") -> Iterator[psycopg.Connection]:
+        """A connection to the target database for ``purpose`` (its
+        application_name meanwhile), one this thread finished with if it can:
+        each step of a window opens several, and a new session costs the
+        server a fork and cold caches."""
         import psycopg
-        conn = connect(self.url, purpose)
         try:
-            yield conn
+            with reused(self.url, "postgres target", doing=purpose) as conn:
+                yield conn
         except psycopg.OperationalError as exc:
             raise LedgerUnavailable(
                 f"{purpose} failed in {redact(self.url)}: {redact(str(exc), self.url)}{hint}") from exc
-        finally:
-            conn.close()
 
     # ------------------------------------------------------------------ begin
 
@@ -215,7 +217,7 @@ class PostgresSink(Sink):
         from psycopg import sql
         schema, table = parse_table_name(self.table)
         ident = sql.Identifier(table) if schema is None else sql.Identifier(schema, table)
-        with connect(self.url, f"describe {self.table}") as conn:
+        with self._connection(f"describe {self.table}") as conn:
             rows = conn.execute(
                 "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
                 " AND NOT attisdropped AND attnotnull", (ident.as_string(conn),),
