@@ -26,7 +26,7 @@ FAST_WORKERS ?= 5
 help:
 	@echo "make demo       install what is needed, then run the example pipeline end to end on embedded services"
 	@echo "make test       install everything needed (apt, .venv, embedded broker) and run the test suite"
-	@echo "make test-fast  the edit-test loop: every test but the slow Spark and live-stack ones (-m 'not slow'), 9 randomized schedules, the fault matrix's rotated quarter, 8 fault cases at once"
+	@echo "make test-fast  the edit-test loop: every test but the slow Spark and live-stack ones (-m 'not slow'), 9 randomized schedules, the fault matrix's rotated quarter, 8 fault cases at once, the load test's 20 pipelines over 8 windows"
 	@echo "make test-unit  only the pure-logic unit tests"
 	@echo "make bench      benchmark windows of SIZES records (default 10000,100000,1000000): bench/results.md"
 	@echo "make chaos      the fault-injection suite with N randomized schedules in all, spread over the targets (N=201; EOS_CHAOS_SEED=S to pick seeds)"
@@ -41,7 +41,7 @@ test: setup
 	$(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: setup
-	EOS_CHAOS_N=$${EOS_CHAOS_N:-9} EOS_MATRIX=$${EOS_MATRIX:-rotated} EOS_CHAOS_PARALLEL=$${EOS_CHAOS_PARALLEL:-8} $(PY) -m pytest -n $(FAST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
+	EOS_CHAOS_N=$${EOS_CHAOS_N:-9} EOS_MATRIX=$${EOS_MATRIX:-rotated} EOS_CHAOS_PARALLEL=$${EOS_CHAOS_PARALLEL:-8} EOS_LOAD_WINDOWS=$${EOS_LOAD_WINDOWS:-8} $(PY) -m pytest -n $(FAST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
