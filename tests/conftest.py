@@ -45,7 +45,7 @@ from airflow_eos.embedded import iceberg_rest_service, schema_registry_service  
 from airflow_eos.embedded.kafka import PERFORMANCE_OPTS_ENV  # noqa: E402
 from harness import services, workers  # noqa: E402
 from harness.databases import empty_database  # noqa: E402
-from harness.jvm import FLAGS, ClassArchive  # noqa: E402
+from harness.jvm import BrokerClassArchive, ClassArchive  # noqa: E402
 from harness.topics import TopicFactory  # noqa: E402
 from harness.tally import TALLY  # noqa: E402
 
@@ -53,15 +53,19 @@ from harness.tally import TALLY  # noqa: E402
 
 
 _class_archive: ClassArchive | None = None
+_broker_archive: BrokerClassArchive | None = None
 
 
 def pytest_configure(config):
     workers.configure(config)
-    global _class_archive
+    global _class_archive, _broker_archive
     # The run's one process that is no xdist worker (the workers inherit its environment); the unit
     # tests start no JVM.
     if not hasattr(config, "workerinput") and not all(a.startswith("tests/unit") for a in config.args):
-        os.environ.setdefault(PERFORMANCE_OPTS_ENV, " ".join(FLAGS))  # every broker the run starts
+        if PERFORMANCE_OPTS_ENV not in os.environ:  # every broker the run starts
+            _broker_archive = BrokerClassArchive()
+            os.environ[PERFORMANCE_OPTS_ENV] = _broker_archive.broker_opts()
+            _broker_archive.start()
         if _selects_slow_tests(config):
             _class_archive = ClassArchive()
             os.environ["SPARK_SUBMIT_OPTS"] = _class_archive.submit_opts()
@@ -112,8 +116,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_unconfigure(config):
     services.stop()
-    if _class_archive is not None:
-        _class_archive.stop()
+    for archive in (_class_archive, _broker_archive):
+        if archive is not None:
+            archive.stop()
 
 
 @pytest.hookimpl(optionalhook=True)
