@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from airflow_eos.core.attempt import StagedChunk
 from airflow_eos.core.database import pg_message, redact, reused
-from airflow_eos.core.errors import LedgerUnavailable, TargetError
+from airflow_eos.core.errors import ConfigurationError, LedgerUnavailable, TargetError
 from airflow_eos.core.faults import fault_point
 from airflow_eos.core.sink import dead_letters_as_rows
 from airflow_eos.staging.encoding import (
@@ -156,6 +156,8 @@ class StagingWriter:
         except psycopg.Error as exc:
             raise CopyRefused(f"cannot stage rows for {self.target} into {STAGING_SCHEMA}.{self.staging}: "
                               f"{pg_message(exc)}", fmt) from exc
+        except ConfigurationError:  # the database URL (a ValueError too), not the rows
+            raise
         except (pa.ArrowException, ValueError) as exc:  # pgpq raises ValueError for what it cannot encode
             raise TargetError(f"cannot encode rows for {self.target}: {exc} (nested types need a cast to "
                               "string or JSON in the transform)") from exc

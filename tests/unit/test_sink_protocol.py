@@ -174,6 +174,13 @@ def test_target_and_writer_are_picklable_and_never_show_passwords():
     assert "secret" not in repr(target) and "secret" not in repr(sink) and "secret" not in repr(writer)
 
 
+def test_a_writer_given_a_url_for_another_database_says_so_not_that_its_rows_cannot_be_encoded():
+    writer = StagingWriter("mysql://u:secret@h/db", "s_e1", ("id",), "analytics.orders")
+    with pytest.raises(ConfigurationError, match="is not a PostgreSQL URL") as raised:
+        writer.write([pa.table({"id": [1]})])
+    assert "secret" not in str(raised.value)
+
+
 def test_csv_encoding_keeps_nulls_apart_from_empty_strings_and_instants_in_utc():
     batch = pa.record_batch({
         "s": pa.array(["", None, 'a"b']),
