@@ -157,11 +157,12 @@ def _use(bootstrap: str) -> None:
     """What a test's broker does, so that its classes are loaded: a topic
     created, a transaction committed, a consumer group reading it."""
     from confluent_kafka import Consumer, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
-    quiet = {"bootstrap.servers": bootstrap, "log_level": 3}  # not librdkafka's retries while the broker warms up
-    admin = AdminClient(quiet)
-    admin.create_topics([NewTopic("warm-up", 2)])["warm-up"].result(30)
+    from airflow_eos.core.kafka_client import client_logging
+    from harness.topics import create_topic
+
+    create_topic(bootstrap, "warm-up", 2, timeout=30)
+    quiet = {**client_logging(), "bootstrap.servers": bootstrap}  # librdkafka's retries through logging, not stderr
     producer = Producer({**quiet, "transactional.id": "eos-warm-up"})
     producer.init_transactions(30)
     producer.begin_transaction()
