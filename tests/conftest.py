@@ -44,7 +44,7 @@ from _pytest.mark.expression import Expression  # noqa: E402
 from airflow_eos.embedded import iceberg_rest_service, schema_registry_service  # noqa: E402
 from airflow_eos.embedded.kafka import PERFORMANCE_OPTS_ENV  # noqa: E402
 from harness import services, workers  # noqa: E402
-from harness.databases import empty_database  # noqa: E402
+from harness.databases import RecycledDatabases  # noqa: E402
 from harness.jvm import BrokerClassArchive, ClassArchive  # noqa: E402
 from harness.topics import TopicFactory  # noqa: E402
 from harness.tally import TALLY  # noqa: E402
@@ -145,10 +145,19 @@ def pg_server(pytestconfig):
         yield handle
 
 
+@pytest.fixture(scope="session")
+def recycled_databases(pg_server):
+    """The session's databases for ``pg_url``, handed from test to test wiped (harness/databases.py)."""
+    databases = RecycledDatabases(pg_server.address)
+    yield databases
+    databases.close()
+
+
 @pytest.fixture
-def pg_url(pg_server):
-    """A fresh, empty database on the session's server; dropped afterwards."""
-    with empty_database(pg_server.address) as url:
+def pg_url(request, recycled_databases):
+    """A database of the test's own on the session's server, as a new one is: empty, or with the ledger
+    migrated when the test asks for ``ledger``. Under a name no test had; wiped and renamed afterwards."""
+    with recycled_databases.database(ledger="ledger" in request.fixturenames) as url:
         yield url
 
 
