@@ -50,6 +50,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _say(line: str) -> None:
+    """Print one line of the job's output protocol (spark/submit.py) in one
+    write: spark-submit runs this driver unbuffered (PYTHONUNBUFFERED), where
+    print's line and newline are two writes, and the JVM's own log, merged into
+    the same output, can land between them."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """spark-submit entry: 0 once the checkpoint is written, 1 when the job
     failed (the message says why), 2 for unusable arguments or environment."""
@@ -73,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         registry_config = registry_config_from_environment()
     except (KeyError, ValueError, TypeError) as exc:
         log.error("stage job: unusable arguments or environment: %s: %s", type(exc).__name__, exc)
-        print(error_line(exc), flush=True)
+        _say(error_line(exc))
         return 2
     spark = spark_session(f"airflow-eos stage {attempt.pipeline} e{attempt.epoch}")
     try:
@@ -82,15 +91,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                            rows_per_chunk=args.rows_per_chunk, reader=args.reader, registry_config=registry_config)
     except EosError as exc:
         log.error("stage job failed: %s", exc)
-        print(error_line(exc), flush=True)
+        _say(error_line(exc))
         return 1
     except Exception as exc:
         log.exception("stage job of %s failed", attempt)
-        print(error_line(exc), flush=True)
+        _say(error_line(exc))
         return 1
     finally:
         stop_session(spark)
-    print(report_line(report.to_dict()), flush=True)
+    _say(report_line(report.to_dict()))
     return 0
 
 

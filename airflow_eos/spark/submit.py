@@ -132,11 +132,14 @@ class JobError:
 
 
 def _payload(line: str, marker: str) -> dict | None:
+    """The JSON object after ``marker`` in ``line``, also when other output
+    follows it on the same line (the JVM's log, merged into the job's output,
+    can write there before the line's newline comes)."""
     _, found, payload = line.partition(marker.strip())
     if not found:
         return None
     try:
-        data = json.loads(payload)
+        data, _ = json.JSONDecoder().raw_decode(payload.lstrip())
     except ValueError:
         return None
     return data if isinstance(data, dict) else None

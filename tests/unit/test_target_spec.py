@@ -83,3 +83,35 @@ def test_the_stage_jobs_lines_carry_its_error_with_terminality_and_its_report():
     assert job_error("an ordinary line") is None
     assert job_report(report_line({"rows_staged": 3})) == {"rows_staged": 3}
     assert job_report("EOS_STAGE_REPORT not json") is None
+
+
+def test_a_stage_jobs_error_line_is_read_when_the_jvms_log_continues_it_before_its_newline():
+    """spark-submit merges the JVM's log into the driver's output: a log line can follow the error's
+    JSON on the same line (seen in CI: the headline became spark-submit's 'Cannot execute')."""
+    from airflow_eos.spark.submit import StageJobOutput, error_line, report_line
+
+    output = StageJobOutput()
+    output.read(error_line(TypeError("Object of type DataFrame is not JSON serializable"))
+                + "26/11/29 09:14:43 INFO SparkContext: SparkContext is stopping with exitCode 0.")
+    assert output.error.headline == "TypeError: Object of type DataFrame is not JSON serializable"
+    output.read(report_line({"rows_staged": 3}) + "26/11/29 INFO ShutdownHookManager: Shutdown hook called")
+    assert output.report == {"rows_staged": 3}
+
+
+def test_the_stage_job_writes_each_protocol_line_with_its_newline_in_one_write(monkeypatch):
+    """Two writes (print's line, then its newline) let the JVM's log in between when Spark runs the
+    driver unbuffered."""
+    import io
+
+    from airflow_eos.spark import job
+
+    writes = []
+
+    class Unbuffered(io.TextIOBase):
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+    monkeypatch.setattr(job.sys, "stdout", Unbuffered())
+    job._say("EOS_STAGE_ERROR {}")
+    assert writes == ["EOS_STAGE_ERROR {}\n"]
