@@ -57,15 +57,18 @@ def _drop(admin: psycopg.Connection, name: str) -> None:
     admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+# A schema of the database's own (pg_namespace's nspname): not the system's, no
+# session's temporary one.
+_OWN_SCHEMA = ("nspname NOT IN ('pg_catalog', 'information_schema')"
+               " AND nspname NOT LIKE 'pg\\_toast%' AND nspname NOT LIKE 'pg\\_temp\\_%'")
+
 # Everything a test can leave in a database that a new one (or a newly migrated
 # ledger) does not hold, as one digest: the schemas, each relation with its
 # columns, defaults, constraints, indexes and privileges, functions, triggers,
 # policies, extensions, large objects, publications, the database's own settings
 # and privileges. A wiped database whose digest is not the new one's is dropped.
-_SHAPE = """
-WITH user_ns AS (SELECT oid, nspname, nspacl FROM pg_namespace
-                 WHERE nspname NOT IN ('pg_catalog', 'information_schema')
-                   AND nspname NOT LIKE 'pg\\_toast%' AND nspname NOT LIKE 'pg\\_temp\\_%')
+_SHAPE = f"""
+WITH user_ns AS (SELECT oid, nspname, nspacl FROM pg_namespace WHERE {_OWN_SCHEMA})
 SELECT md5(coalesce(string_agg(item, E'\\n' ORDER BY item), '')) FROM (
   SELECT 'schema ' || nspname || ' ' || coalesce(nspacl::text, '') FROM user_ns
   UNION ALL
@@ -108,9 +111,7 @@ _WIPE = sql.SQL("""
 DO $$
 DECLARE s text; t text; written boolean;
 BEGIN
-  FOR s IN SELECT nspname FROM pg_namespace
-           WHERE nspname NOT IN ('pg_catalog', 'information_schema') AND nspname NOT LIKE 'pg\\_toast%'
-             AND nspname NOT LIKE 'pg\\_temp\\_%' AND nspname <> ALL ({kept}) LOOP
+  FOR s IN SELECT nspname FROM pg_namespace WHERE """ + _OWN_SCHEMA + """ AND nspname <> ALL ({kept}) LOOP
     EXECUTE format('DROP SCHEMA %I CASCADE', s);
   END LOOP;
   FOR t IN SELECT format('%I.%I', schemaname, tablename) FROM pg_tables
@@ -188,8 +189,7 @@ class RecycledDatabases:
         if ledger not in self._shape:
             with psycopg.connect(url, autocommit=True) as conn:
                 schemas = [s for (s,) in conn.execute(
-                    "SELECT nspname FROM pg_namespace WHERE nspname NOT IN ('pg_catalog', 'information_schema', "
-                    "'public') AND nspname NOT LIKE 'pg\\_toast%' AND nspname NOT LIKE 'pg\\_temp\\_%'")]
+                    f"SELECT nspname FROM pg_namespace WHERE {_OWN_SCHEMA} AND nspname <> 'public'")]
                 tables = [t for (t,) in conn.execute("SELECT format('%%I.%%I', schemaname, tablename) FROM pg_tables"
                                                      " WHERE schemaname = ANY (%s)", (schemas,))]
                 self._shape[ledger] = (conn.execute(_SHAPE).fetchone()[0], schemas, tables)
