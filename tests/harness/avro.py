@@ -7,6 +7,7 @@ poisoned records of each kind, and what each record must become, by lineage.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Iterable
@@ -30,7 +31,10 @@ UNKNOWN_SCHEMA = f"has no schema of id {UNKNOWN_ID}"
 UNRESOLVABLE = "does not resolve to the reader schema"
 
 
+@functools.cache
 def client(url: str):
+    """The registry's client, one per URL: each new one costs ~40 ms of CPU (its HTTP
+    clients' TLS contexts), and a test serializes values by the dozen."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     return SchemaRegistryClient({"url": url})

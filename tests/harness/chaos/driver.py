@@ -69,9 +69,14 @@ def _context():
     with _ctx_lock:
         if _ctx is None:
             ctx = multiprocessing.get_context("forkserver")
-            # pandas: pyarrow imports it on its first conversion (~3 s), in every child otherwise.
+            # What the children would each import again otherwise: pandas (pyarrow imports it on its
+            # first conversion, ~3 s); the Iceberg target's catalog and file IO (~0.9 CPU-s: a forked
+            # child of an Iceberg case spent most of its CPU importing them); the Avro source's registry
+            # client (~0.2 CPU-s). Imported once, in the fork server, ~1.1 CPU-s more per test worker.
             ctx.set_forkserver_preload([__package__ or "harness.chaos", "airflow_eos.spark.kafka_source", "pandas",
-                                       "pyarrow.pandas_compat"])
+                                       "pyarrow.pandas_compat", "pyiceberg.catalog.sql", "pyiceberg.io.pyarrow",
+                                       "sqlalchemy.dialects.postgresql.psycopg",
+                                       "confluent_kafka.schema_registry"])
             _ctx = ctx
         return _ctx
 
