@@ -19,8 +19,8 @@ collector: ``KAFKA_JVM_PERFORMANCE_OPTS``, which embedded/kafka.py takes as
 Kafka's own start scripts do): a broker's start plus a small transactional load
 took 11.2 CPU-s with G1 and C2, 7.0 with these; idle, 4.3 and 3.0 CPU-s in two
 minutes (the same machine). And a class-data archive of their own
-(:class:`BrokerClassArchive`, made by a broker started for it in the background
-while the run's shared one starts): the tests that stop, restart or wipe a broker
+(:class:`BrokerClassArchive`, kept beside Kafka's jars, made by a broker started
+for it in the background while the first run's shared one starts): the tests that stop, restart or wipe a broker
 start ~15 of their own, and each broker's start and stop took 3.9-4.7 CPU-s
 without it, 2.4-3.0 with it (Xeon, 2026-11-29).
 
@@ -29,6 +29,8 @@ Production is untouched: these are the test run's settings, in its environment.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shutil
 import subprocess
@@ -105,16 +107,26 @@ class ClassArchive:
 
 
 class BrokerClassArchive:
-    """The run's class-data archive for Apache Kafka's JVMs (the brokers and
-    their StorageTool), made in the background by a broker started, used a
-    little (a transaction, a consumer group) and stopped for it: the archive is
-    written at its JVM's exit, under another name, renamed into place only if it
-    stopped cleanly. A broker started before then runs without it.
-    :meth:`stop` waits for it and deletes the archive."""
+    """The class-data archive for Apache Kafka's JVMs (the brokers and their
+    StorageTool), kept between runs beside Kafka's jars: one made for another
+    JDK, other flags or other jars has another name (:func:`_archive_key`), so
+    a run only ever maps one made for its own. A run that finds none makes it in
+    the background by a broker started, used a little (a transaction, a
+    consumer group) and stopped for it: the archive is written at its JVM's
+    exit, under another name, renamed into place only if it stopped cleanly. A
+    broker started before then runs without it. Making it cost a run ~6.3
+    CPU-s and 10 s of a broker's life (``make test-fast``, Xeon, 2026-11-29)."""
 
     def __init__(self) -> None:
-        self.directory = Path(tempfile.mkdtemp(prefix="eos-kafka-jvm-"))
-        self.path = self.directory / "kafka.jsa"
+        from airflow_eos.embedded.kafka import KAFKA_JARS
+
+        self.directory = KAFKA_JARS.home() / "class-archives"
+        self._temporary = False
+        try:
+            self.path = self.directory / f"kafka-{_archive_key(KAFKA_JARS.jars())}.jsa"
+        except (RuntimeError, OSError):  # no jars or no java: no broker starts, and a test that needs one says why
+            self.directory, self._temporary = Path(tempfile.mkdtemp(prefix="eos-kafka-jvm-")), True
+            self.path = self.directory / "kafka.jsa"
         self._waiter: threading.Thread | None = None
 
     def broker_opts(self) -> str:
@@ -122,13 +134,15 @@ class BrokerClassArchive:
         return " ".join((*FLAGS, f"-XX:SharedArchiveFile={self.path}"))
 
     def start(self) -> None:
+        if self.path.exists():
+            return
         self._waiter = threading.Thread(target=self._make, name="eos-kafka-archive", daemon=True)
         self._waiter.start()
 
     def _make(self) -> None:
         from airflow_eos.embedded.kafka import KafkaBroker
 
-        partial = self.directory / "kafka.jsa.partial"
+        partial = self.directory / f"{self.path.name}.{os.getpid()}.partial"
 
         class Dumping(KafkaBroker):
             def _java(self, *args: str) -> list[str]:
@@ -138,19 +152,36 @@ class BrokerClassArchive:
                 return command
 
         try:
+            self.directory.mkdir(parents=True, exist_ok=True)
             with Dumping(heap="256m") as broker:
                 jvm = broker.proc
                 _use(broker.bootstrap)
         except Exception:  # noqa: BLE001 - no archive: every broker runs without one, as before
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
             return
         # A JVM ended by SIGTERM exits with 143 after its shutdown, the archive written; killed, it wrote none whole.
         if jvm.returncode in (0, 143) and partial.exists():
+            for stale in self.directory.glob("kafka-*.jsa"):  # made for another JDK, other flags or jars
+                stale.unlink(missing_ok=True)
             os.replace(partial, self.path)
+        partial.unlink(missing_ok=True)
 
     def stop(self) -> None:
         if self._waiter is not None:
             self._waiter.join(60)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._temporary:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _archive_key(jars: list[str]) -> str:
+    """What a class-data archive was made for: the JVM (the java on PATH, its
+    file's identity), the flags and the jars (names, sizes, times). The JVM
+    refuses an archive made for another class path anyway; the key keeps two
+    kinds of run from replacing each other's."""
+    java = os.path.realpath(shutil.which("java") or "java")
+    parts = [java, *FLAGS, *(f"{p}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" for p in (java, *jars))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def _use(bootstrap: str) -> None:
