@@ -19,8 +19,9 @@ collector: ``KAFKA_JVM_PERFORMANCE_OPTS``, which embedded/kafka.py takes as
 Kafka's own start scripts do): a broker's start plus a small transactional load
 took 11.2 CPU-s with G1 and C2, 7.0 with these; idle, 4.3 and 3.0 CPU-s in two
 minutes (the same machine). And a class-data archive of their own
-(:class:`BrokerClassArchive`, kept beside Kafka's jars, made by a broker started
-for it in the background while the first run's shared one starts): the tests that stop, restart or wipe a broker
+(:class:`BrokerClassArchive`, kept beside Kafka's jars between runs; a run that
+finds none makes it with a broker started for it in the background while the
+run's shared one starts): the tests that stop, restart or wipe a broker
 start ~15 of their own, and each broker's start and stop took 3.9-4.7 CPU-s
 without it, 2.4-3.0 with it (Xeon, 2026-11-29).
 
@@ -180,7 +181,8 @@ def _archive_key(jars: list[str]) -> str:
     refuses an archive made for another class path anyway; the key keeps two
     kinds of run from replacing each other's."""
     java = os.path.realpath(shutil.which("java") or "java")
-    parts = [java, *FLAGS, *(f"{p}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" for p in (java, *jars))]
+    files = [(p, os.stat(p)) for p in (java, *jars)]
+    parts = [java, *FLAGS, *(f"{p}:{st.st_size}:{st.st_mtime_ns}" for p, st in files)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
