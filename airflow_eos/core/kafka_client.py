@@ -102,18 +102,28 @@ LIBRDKAFKA_LOG.addFilter(_OncePerInterval(LOG_INTERVAL_S))
 
 class ClientErrors:
     """A client's ``error_cb``: logs through LIBRDKAFKA_LOG (throttled) and
-    remembers the last error, for the message that gives up on the cluster."""
+    remembers the last error, for the message that gives up on the cluster.
+    Also usable as the client's ``logger`` (``log``), so that muting it
+    silences both while the client is closed (core/consumer_pool.py)."""
 
     def __init__(self) -> None:
         self.last: str | None = None
+        self.muted = False  # the client is being closed: what it says concerns no read
 
     def __call__(self, err) -> None:
+        if self.muted:
+            return
         text = err.str() if hasattr(err, "str") else str(err)
         # "1/1 brokers are down" follows the reason they are (refused, SASL
         # handshake failed, ...): it must not replace that reason in the message.
         if not (self.last and _all_brokers_down(err)):
             self.last = text
         LIBRDKAFKA_LOG.warning("Kafka client error: %s", text)
+
+    def log(self, level: int, msg: str, *args) -> None:
+        """A librdkafka log line, to LIBRDKAFKA_LOG."""
+        if not self.muted:
+            LIBRDKAFKA_LOG.log(level, msg, *args)
 
     def hint(self, bootstrap: str) -> str:
         """What to check, after a message that says Kafka did not answer."""
@@ -179,13 +189,17 @@ def list_offsets(admin, tps: Iterable[tuple[str, int]], *, latest: bool = True, 
         yield (tp.topic, tp.partition), future.result(timeout).offset
 
 
+# assign() never joins a group, but librdkafka insists on a group.id. One per
+# process: consumers of equal settings are interchangeable (core/consumer_pool.py).
+READER_GROUP = f"airflow-eos-reader-{uuid.uuid4().hex[:8]}"
+
+
 def consumer_config(kafka_config: dict, **overrides) -> dict:
     """Client settings for reading planned ranges; no consumer group is joined."""
     if not kafka_config.get("bootstrap.servers"):
         raise ConfigurationError("Kafka configuration has no 'bootstrap.servers'")
     config = {**_DEFAULTS, **client_logging(), **kafka_config, **_FORCED, **overrides}
-    # assign() never joins a group, but librdkafka insists on a group.id.
-    config.setdefault("group.id", f"airflow-eos-reader-{uuid.uuid4().hex[:8]}")
+    config.setdefault("group.id", READER_GROUP)
     return config
 
 

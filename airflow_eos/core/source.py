@@ -13,9 +13,7 @@ and timestamp are what the fetch returned.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +22,8 @@ from typing import Any, Protocol
 from airflow_eos.core.avro import ValueFormat, as_value_format, record_schema_json
 from airflow_eos.core.client_settings import masked, refuse_inline_secrets
 from airflow_eos.core.errors import ConfigurationError, OffsetsExpired, SourceUnavailable, UnknownTopic
-from airflow_eos.core.kafka_client import client_errors, client_logging, consumer_config, reader, request_timeout
+from airflow_eos.core.consumer_pool import CONSUMERS, PooledConsumer
+from airflow_eos.core.kafka_client import client_logging, consumer_config, request_timeout
 # cli/ reads the librdkafka log's logger from here; it lives in core/kafka_client.py
 from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.target import DEFAULT_CONN_IDS, KAFKA
@@ -168,37 +167,20 @@ class KafkaLog:
         # librdkafka requires fetch.max.bytes >= message.max.bytes (which a user may have raised).
         config.setdefault("fetch.max.bytes", max(PROBE_FETCH_BYTES, int(config["message.max.bytes"])))
         self._config = consumer_config(config)
-        self._errors = client_errors(self._config)
-        # A pool of consumers, one per thread reading at a time (see
-        # parallel_reads): each read assigns its partition to a consumer of its
-        # own. The first is made now, so a configuration librdkafka refuses
-        # fails here rather than in the middle of a plan.
-        self._lock = threading.Lock()
-        self._consumers = [reader(self._config, "Kafka consumer")]
-        self._idle = list(self._consumers)
+        # Each read leases a consumer of the process's pool (one per thread
+        # reading at a time, see parallel_reads) and gives it back. The first
+        # is leased now, so a configuration librdkafka refuses fails here
+        # rather than in the middle of a plan.
+        with self._lease():
+            pass
         self._first: dict[TopicPartition, tuple[int, Record | None]] = {}  # bounds(): log start, first record
-        self._with_metadata: set[tuple[int, str]] = set()  # (id of a pool consumer, topic) it has metadata of
 
     def close(self) -> None:
-        with self._lock:
-            consumers, self._consumers, self._idle = self._consumers, [], []
-        for consumer in consumers:
-            consumer.close()
+        """Nothing to release: the consumers are the pool's (core/consumer_pool.py)."""
 
-    @contextmanager
     def _lease(self):
-        """A consumer of the pool for one read, made when every one is busy."""
-        with self._lock:
-            consumer = self._idle.pop() if self._idle else None
-        if consumer is None:
-            consumer = reader(self._config, "Kafka consumer")
-            with self._lock:
-                self._consumers.append(consumer)
-        try:
-            yield consumer
-        finally:
-            with self._lock:
-                self._idle.append(consumer)
+        """A consumer of the pool for one read (a PooledConsumer)."""
+        return CONSUMERS.lease(self._config, "Kafka consumer")
 
     def __enter__(self) -> "KafkaLog":
         return self
@@ -213,16 +195,15 @@ class KafkaLog:
         from confluent_kafka import KafkaError, KafkaException
         found: list[TopicPartition] = []
         for topic in topics:
-            try:
-                with self._lease() as consumer:
-                    metadata = consumer.list_topics(topic, timeout=self.timeout)
-            except KafkaException as exc:
-                with self._lease() as consumer:
-                    consumer.poll(0)  # serves the error_cb, which has the client's reason (refused, ...)
-                raise SourceUnavailable(
-                    f"Kafka at {self._config['bootstrap.servers']} did not answer for topic {topic!r} within "
-                    f"{self.timeout}s: {exc}{self._errors.hint(self._config['bootstrap.servers'])}"
-                ) from exc
+            with self._lease() as pooled:
+                try:
+                    metadata = pooled.consumer.list_topics(topic, timeout=self.timeout)
+                except KafkaException as exc:
+                    pooled.consumer.poll(0)  # serves the error_cb, which has the client's reason (refused, ...)
+                    raise SourceUnavailable(
+                        f"Kafka at {self._config['bootstrap.servers']} did not answer for topic {topic!r} within "
+                        f"{self.timeout}s: {exc}{pooled.errors.hint(self._config['bootstrap.servers'])}"
+                    ) from exc
             info = metadata.topics.get(topic)
             if info is None or info.error is not None:
                 code = info.error.code() if info is not None else None
@@ -242,8 +223,8 @@ class KafkaLog:
         from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as KafkaTopicPartition
         try:
-            with self._lease() as consumer:
-                [answer] = consumer.offsets_for_times(
+            with self._lease() as pooled:
+                [answer] = pooled.consumer.offsets_for_times(
                     [KafkaTopicPartition(tp.topic, tp.partition, timestamp_ms)], timeout=self.timeout
                 )
         except KafkaException:
@@ -254,11 +235,12 @@ class KafkaLog:
 
     # ---------------------------------------------------------------- reading
 
-    def _poll_from(self, consumer, tp: TopicPartition, offset: int):
-        """Assign at ``offset`` on ``consumer`` and yield messages until end of partition."""
+    def _poll_from(self, pooled: PooledConsumer, tp: TopicPartition, offset: int):
+        """Assign at ``offset`` on a leased consumer and yield messages until end of partition."""
         from confluent_kafka import OFFSET_BEGINNING, KafkaError
         from confluent_kafka import TopicPartition as KafkaTopicPartition
-        self._fetch_metadata(consumer, tp.topic)
+        consumer = pooled.consumer
+        self._fetch_metadata(pooled, tp.topic)
         consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset)])
         try:
             idle_polls = 0
@@ -271,33 +253,34 @@ class KafkaLog:
                         where = "from the beginning of the log" if offset == OFFSET_BEGINNING else f"at offset {offset}"
                         raise SourceUnavailable(
                             f"no answer from Kafka at {self._config['bootstrap.servers']} reading {tp} {where} "
-                            f"within {self.timeout}s{self._errors.hint(self._config['bootstrap.servers'])}")
+                            f"within {self.timeout}s{pooled.errors.hint(self._config['bootstrap.servers'])}")
                     continue
                 idle_polls = 0
+                if _stale(msg, tp, offset):
+                    continue
                 err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        yield None, msg.offset()
-                        return
-                    error = kafka_error(err, str(tp), offset=offset if offset >= 0 else None)
-                    if isinstance(error, OffsetsExpired) and offset == OFFSET_BEGINNING \
-                            and time.monotonic() < restart_until:
-                        # Retention moved the log start between Kafka's answer to "where does the log
-                        # begin" and the fetch there: the beginning moved, nothing planned was lost.
-                        # Read again from the new beginning, within the read's time bound: retention
-                        # deleting faster than a fetch's round trip may move it again each time.
-                        consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset)])
-                        continue
-                    if error is not None:
-                        raise error
-                    continue  # transient: the idle polls above bound how long
-                if msg.topic() != tp.topic or msg.partition() != tp.partition or msg.offset() < offset:
-                    continue  # a stale fetch from an earlier assignment
-                yield msg, msg.offset()
+                if err is None:
+                    yield msg, msg.offset()
+                    continue
+                if err.code() == KafkaError._PARTITION_EOF:
+                    yield None, msg.offset()
+                    return
+                error = kafka_error(err, str(tp), offset=offset if offset >= 0 else None)
+                if isinstance(error, OffsetsExpired) and offset == OFFSET_BEGINNING \
+                        and time.monotonic() < restart_until:
+                    # Retention moved the log start between Kafka's answer to "where does the log
+                    # begin" and the fetch there: the beginning moved, nothing planned was lost.
+                    # Read again from the new beginning, within the read's time bound: retention
+                    # deleting faster than a fetch's round trip may move it again each time.
+                    consumer.assign([KafkaTopicPartition(tp.topic, tp.partition, offset)])
+                    continue
+                if error is not None:
+                    raise error
+                # transient: the idle polls above bound how long
         finally:
             consumer.unassign()
 
-    def _fetch_metadata(self, consumer, topic: str) -> None:
+    def _fetch_metadata(self, pooled: PooledConsumer, topic: str) -> None:
         """Ask for the topic's metadata (one round trip) the first time a
         consumer of the pool reads it. A consumer assigned a partition whose
         leader it does not know yet retries the offset lookup of
@@ -307,14 +290,13 @@ class KafkaLog:
         thread's first bounds() on a consumer of its own). Best effort: a
         broker that does not answer is reported by the read that follows."""
         from confluent_kafka import KafkaException
-        key = (id(consumer), topic)
-        if key in self._with_metadata:
+        if topic in pooled.topics_known:
             return
         try:
-            consumer.list_topics(topic, timeout=min(self.timeout, 1.0))
+            pooled.consumer.list_topics(topic, timeout=min(self.timeout, 1.0))
         except KafkaException:
             return
-        self._with_metadata.add(key)
+        pooled.topics_known.add(topic)
 
     def bounds(self, tp: TopicPartition) -> Bounds:
         """Read from the beginning once: the fetch response carries the true log
@@ -323,12 +305,12 @@ class KafkaLog:
         from confluent_kafka import TopicPartition as KafkaTopicPartition
         first: int | None = None
         record: Record | None = None
-        with self._lease() as consumer:
-            for msg, offset in self._poll_from(consumer, tp, OFFSET_BEGINNING):
+        with self._lease() as pooled:
+            for msg, offset in self._poll_from(pooled, tp, OFFSET_BEGINNING):
                 first = offset
                 record = Record(offset, msg.timestamp()[1]) if msg is not None else None
                 break
-            low, high = consumer.get_watermark_offsets(KafkaTopicPartition(tp.topic, tp.partition), cached=True)
+            low, high = pooled.consumer.get_watermark_offsets(KafkaTopicPartition(tp.topic, tp.partition), cached=True)
         if first is None:
             first = max(low, 0)
         if high < 0:
@@ -348,8 +330,8 @@ class KafkaLog:
         log_start, first = self._first.get(tp, (None, None))
         if first is not None and log_start <= offset <= first.offset:  # read by bounds(): no record before it
             return first if first.offset < end else None
-        with self._lease() as consumer:
-            for msg, at in self._poll_from(consumer, tp, offset):
+        with self._lease() as pooled:
+            for msg, at in self._poll_from(pooled, tp, offset):
                 if msg is None or at >= end:
                     return None
                 return Record(at, msg.timestamp()[1])
@@ -360,14 +342,25 @@ class KafkaLog:
         out: list[Record] = []
         if start >= end:
             return out
-        with self._lease() as consumer:
-            for msg, at in self._poll_from(consumer, tp, start):
+        with self._lease() as pooled:
+            for msg, at in self._poll_from(pooled, tp, start):
                 if msg is None or at >= end:
                     break
                 out.append(Record(at, msg.timestamp()[1]))
                 if at == end - 1:
                     break
         return out
+
+
+def _stale(msg, tp: TopicPartition, offset: int) -> bool:
+    """A message of an earlier assignment of a pooled consumer: another
+    partition's, or a record or end of partition before ``offset``."""
+    from confluent_kafka import KafkaError
+
+    if msg.topic() is not None and (msg.topic() != tp.topic or msg.partition() != tp.partition):
+        return True
+    err = msg.error()
+    return (err is None or err.code() == KafkaError._PARTITION_EOF) and msg.offset() < offset
 
 
 def mirror_offsets(kafka_config: dict, group_id: str, offsets) -> None:

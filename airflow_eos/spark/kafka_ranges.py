@@ -41,7 +41,7 @@ from airflow_eos.core.errors import (
     OffsetsExpired,
     SourceUnavailable,
 )
-from airflow_eos.core.kafka_client import READER_KAFKA_DEFAULTS
+from airflow_eos.core.kafka_client import READER_KAFKA_DEFAULTS, ClientErrors
 from airflow_eos.core.kafka_errors import kafka_error, open_transaction
 from airflow_eos.core.windows import PartitionRange, WindowPlan
 from airflow_eos.spark.kafka_batches import (
@@ -133,7 +133,8 @@ def read_range(
     """
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    from airflow_eos.core.kafka_client import consumer_config, reader
+    from airflow_eos.core.consumer_pool import CONSUMERS
+    from airflow_eos.core.kafka_client import consumer_config
 
     stats = stats if stats is not None else ReadStats()
     start, end = task.start_offset, task.end_offset
@@ -145,29 +146,30 @@ def read_range(
         # Don't prefetch far past a narrow range's end; librdkafka's default is 100k messages.
         **{"queued.min.messages": max(1_000, min(100_000, end - start))},
     )
-    consumer = reader(config, f"a Kafka consumer for {task}")
     read = _RangeRead(kafka_config, config, task, stats, began)
     gc_pause = GcPause()
     gc_pause.pause()
     try:
-        consumer.assign([KafkaTopicPartition(task.topic, task.partition, start)])
-        while read.next_offset < end:
-            t0 = time.perf_counter()
-            msgs = consumer.consume(num_messages=_CONSUME_BATCH, timeout=_CONSUME_WAIT_S)
-            t1 = time.perf_counter()
-            stats.fetch_s += t1 - t0
-            done = read.take(msgs, t1) if msgs else False
-            stats.decode_s += time.perf_counter() - t1
-            finished = done or read.next_offset >= end
-            if len(read.columns) >= batch_rows or (finished and len(read.columns)):
-                yield from emit_batch(read.columns, stats, gc_pause)
-            if finished:
-                break
-            read.check_waiting(bool(msgs), time.perf_counter(), end_grace_s=end_grace_s,
-                               poll_timeout_s=poll_timeout_s)
+        with CONSUMERS.lease(config, f"a Kafka consumer for {task}") as pooled:
+            read.errors = pooled.errors
+            consumer = pooled.consumer
+            consumer.assign([KafkaTopicPartition(task.topic, task.partition, start)])
+            while read.next_offset < end:
+                t0 = time.perf_counter()
+                msgs = consumer.consume(num_messages=_CONSUME_BATCH, timeout=_CONSUME_WAIT_S)
+                t1 = time.perf_counter()
+                stats.fetch_s += t1 - t0
+                done = read.take(msgs, t1) if msgs else False
+                stats.decode_s += time.perf_counter() - t1
+                finished = done or read.next_offset >= end
+                if len(read.columns) >= batch_rows or (finished and len(read.columns)):
+                    yield from emit_batch(read.columns, stats, gc_pause)
+                if finished:
+                    break
+                read.check_waiting(bool(msgs), time.perf_counter(), end_grace_s=end_grace_s,
+                                   poll_timeout_s=poll_timeout_s)
     finally:
         gc_pause.resume()
-        consumer.close()
         stats.total_s = time.perf_counter() - began
 
 
@@ -194,6 +196,7 @@ class _RangeRead:
         # read_committed: the last stable offset, which an open transaction holds).
         self.ended_short = False
         self.last_answer = self.last_progress_log = time.perf_counter()
+        self.errors = None  # the consumer's ClientErrors, for the message that gives up on the cluster
 
     def take(self, msgs: list, at: float) -> bool:
         """Take one non-empty answer of the consumer (``at``: when it came);
@@ -223,6 +226,13 @@ class _RangeRead:
         reaches beyond the end cut."""
         from confluent_kafka import Message
 
+        first = records[0]
+        if first.topic() != self.task.topic or first.partition() != self.task.partition:
+            # A pooled consumer's earlier assignment (librdkafka drops them
+            # itself; they would come first, before any of this assignment's).
+            records = [m for m in records if m.topic() == self.task.topic and m.partition() == self.task.partition]
+            if not records:
+                return False
         offsets = list(map(Message.offset, records))
         if not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
             # librdkafka delivers a partition in offset order; if it ever
@@ -250,6 +260,8 @@ class _RangeRead:
 
         done = False
         for msg, err in events:
+            if msg.topic() is not None and (msg.topic() != self.task.topic or msg.partition() != self.task.partition):
+                continue  # of a pooled consumer's earlier assignment (see _take_records)
             if err.code() == KafkaError._PARTITION_EOF:
                 if msg.offset() >= self.task.end_offset:
                     done = True  # the rest of the range is offsets without records (markers)
@@ -294,8 +306,6 @@ class _RangeRead:
         of partition short of the end cut, an open transaction holding the
         last stable offset there (the brokers answer), if it is one; else
         Kafka stopped answering."""
-        from airflow_eos.core.kafka_client import client_errors
-
         if self.ended_short:
             held = open_transaction(self.kafka_config, str(self.task),
                                     [(self.task.topic, self.task.partition, self.task.end_offset)],
@@ -305,7 +315,7 @@ class _RangeRead:
         servers = self.config["bootstrap.servers"]
         return SourceUnavailable(
             f"{self.task}: no answer from Kafka at {servers} for {waited_s:.0f}s "
-            f"while reading at offset {self.next_offset}{client_errors(self.config).hint(servers)}"
+            f"while reading at offset {self.next_offset}{(self.errors or ClientErrors()).hint(servers)}"
         )
 
 

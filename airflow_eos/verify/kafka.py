@@ -29,7 +29,8 @@ from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import LogTruncated, OffsetsExpired, SourceUnavailable, UnknownTopic
 from airflow_eos.core.skew import held_behind, records_after
-from airflow_eos.core.kafka_client import CONSUMER_ONLY, READER_KAFKA_DEFAULTS, client_logging, consumer_config, reader
+from airflow_eos.core.consumer_pool import CONSUMERS
+from airflow_eos.core.kafka_client import CONSUMER_ONLY, READER_KAFKA_DEFAULTS, client_logging, consumer_config
 from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog
 from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
 from airflow_eos.verify.report import HELD, SOURCE, NotCheckable, Violation, _at, _Window
@@ -70,7 +71,6 @@ def read_records(conn: psycopg.Connection, windows: Mapping[datetime, _Window],
         if isinstance(kafka, Mapping):
             log_ = stack.enter_context(KafkaLog(dict(kafka), timeout=timeout))
             reader = _KafkaRecords(kafka, timeout)
-            stack.callback(reader.close)
         with conn.cursor() as cur, cur.copy("COPY eos_verify_runs FROM STDIN") as copy:
             for w in windows.values():
                 if w.state != WindowState.COMMITTED:
@@ -236,16 +236,12 @@ class _KafkaRecords:
     def __init__(self, kafka_config: Mapping[str, Any], timeout: float):
         self.timeout = timeout
         self.config = consumer_config({**READER_KAFKA_DEFAULTS, **kafka_config})
-        self._consumer = reader(self.config, "Kafka consumer")
-
-    def close(self) -> None:
-        self._consumer.close()
 
     def runs(self, r: PartitionRange) -> Iterator[list[tuple[int, int]]]:
         """Per fetched batch, the contiguous runs (first, last) of the range's offsets in it."""
-        consumer = self._consumer
-        consumer.assign([KafkaTopicPartition(r.topic, r.partition, r.start_offset)])
-        try:
+        with CONSUMERS.lease(self.config, "Kafka consumer") as pooled:
+            consumer = pooled.consumer
+            consumer.assign([KafkaTopicPartition(r.topic, r.partition, r.start_offset)])
             last = r.start_offset - 1
             answered = time.monotonic()
             while True:
@@ -270,8 +266,6 @@ class _KafkaRecords:
                 yield runs
                 if done:
                     return
-        finally:
-            consumer.unassign()
 
 
 def _in_order(messages: list[Message], r: PartitionRange, last: int) -> tuple[list[int] | None, bool]:

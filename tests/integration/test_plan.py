@@ -155,7 +155,32 @@ def test_windows_tile_the_log_whatever_the_planning_order(shared_db, kafka_confi
 # --------------------------------------------------------------------------- freezing
 
 
-def test_many_partitions_read_side_by_side_plan_exactly_what_one_reader_plans(ledger, kafka_config, topics, kafka):
+def leases_at_once(monkeypatch) -> list[int]:
+    """[the most consumers of the pool leased at the same time], from now on."""
+    from contextlib import contextmanager
+
+    from airflow_eos.core.consumer_pool import CONSUMERS
+
+    leased, most, lock, lease = [0], [0], threading.Lock(), CONSUMERS.lease
+
+    @contextmanager
+    def counted(config, purpose):
+        with lease(config, purpose) as pooled:
+            with lock:
+                leased[0] += 1
+                most[0] = max(most[0], leased[0])
+            try:
+                yield pooled
+            finally:
+                with lock:
+                    leased[0] -= 1
+
+    monkeypatch.setattr(CONSUMERS, "lease", counted)
+    return most
+
+
+def test_many_partitions_read_side_by_side_plan_exactly_what_one_reader_plans(ledger, kafka_config, topics, kafka,
+                                                                               monkeypatch):
     """The plan reads partitions in parallel (KafkaLog.parallel_reads consumers):
     every cut must be what reading them one at a time finds, and what the records say."""
     n = 40
@@ -166,13 +191,15 @@ def test_many_partitions_read_side_by_side_plan_exactly_what_one_reader_plans(le
     start, end = T0 + 10 * MINUTE + 20 * timedelta(seconds=1), T0 + 20 * MINUTE
     request = lambda pipeline: PlanRequest(Window(pipeline, start, end), (topic,), timedelta(minutes=5))  # noqa: E731
 
+    at_once = leases_at_once(monkeypatch)
     with KafkaLog(kafka_config) as log:
         side_by_side = plan_window(ledger, log, request("wide-parallel"), now=LATER)
-        assert 1 < len(log._consumers) <= KafkaLog.parallel_reads, "the partitions were not read side by side"
+    assert 1 < at_once[0] <= KafkaLog.parallel_reads, "the partitions were not read side by side"
+    at_once[0] = 0
     with KafkaLog(kafka_config) as log:
         log.parallel_reads = 1
         one_at_a_time = plan_window(ledger, log, request("wide-serial"), now=LATER)
-        assert len(log._consumers) == 1
+    assert at_once[0] == 1
 
     def cut(p, t):
         return min(off for (q, off), ts in records.items() if q == p and ts >= ms(t))
