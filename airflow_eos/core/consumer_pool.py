@@ -14,7 +14,7 @@ Python workers Spark reuses between tasks keep theirs.
 A consumer goes back to the pool only from a read that ended normally: one
 whose read raised (an unreachable broker, an error of the log) is closed,
 so no later read starts where a failed one stopped. One left idle longer
-than ``IDLE_S`` is closed by the next lease or return. A consumer is never
+than ``IDLE_S`` is closed by a thread of the pool's. A consumer is never
 used, closed or destroyed in a process other than the one that made it:
 librdkafka's threads do not survive a fork.
 """
@@ -35,7 +35,7 @@ from airflow_eos.core.kafka_client import LIBRDKAFKA_LOG, ClientErrors, reader
 
 # Long enough for the tasks of a stage and the windows of a backfill to find
 # the consumers of the ones before them; short enough that an idle process
-# holds no connections for long.
+# holds no connections for long (a thread closes them, see ConsumerPool._reap).
 IDLE_S = 60.0
 # KafkaLog reads up to 16 partitions at once; more idle ones than that per
 # setting are not worth their threads.
@@ -79,6 +79,7 @@ class ConsumerPool:
         self.max_idle = max_idle
         self._lock = threading.Lock()
         self._idle: dict[tuple, list[PooledConsumer]] = {}
+        self._reaper: threading.Thread | None = None
 
     @contextmanager
     def lease(self, config: dict, purpose: str) -> Iterator[PooledConsumer]:
@@ -121,8 +122,27 @@ class ConsumerPool:
             surplus = idle.pop(0) if len(idle) >= self.max_idle else None
             idle.append(pooled)
             expired = self._expired(pooled.idle_since)
+            if self._idle and self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="eos-kafka-consumer-reaper", daemon=True)
+                self._reaper.start()
         for old in ([surplus] if surplus else []) + expired:
             _close(old)
+
+    def _reap(self) -> None:
+        """While consumers are idle, close those idle past idle_s: a process
+        that reads no more (an API server after a status page, a triggerer)
+        holds no connections for long."""
+        while True:
+            time.sleep(max(self.idle_s / 2, 1.0))
+            with self._lock:
+                expired = self._expired(time.monotonic())
+                done = not self._idle
+                if done:
+                    self._reaper = None
+            for old in expired:
+                _close(old)
+            if done:
+                return
 
     def _expired(self, now: float) -> list[PooledConsumer]:
         """Removes and returns the consumers idle longer than idle_s (under the lock)."""
@@ -147,7 +167,7 @@ class ConsumerPool:
         """In a forked child: the idle consumers are the parent's. Dropping
         the last reference would destroy them, which waits for librdkafka
         threads the child does not have: each is kept alive for good."""
-        self._lock = threading.Lock()
+        self._lock, self._reaper = threading.Lock(), None
         idle, self._idle = self._idle, {}
         for pooled in (p for consumers in idle.values() for p in consumers):
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(pooled.consumer))
