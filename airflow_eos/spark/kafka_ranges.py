@@ -144,7 +144,9 @@ def read_range(
     config = consumer_config(
         {**READER_KAFKA_DEFAULTS, **kafka_config},
         # Don't prefetch far past a narrow range's end; librdkafka's default is 100k messages.
-        **{"queued.min.messages": max(1_000, min(100_000, end - start))},
+        # A power of two: ranges of similar widths share settings, so their tasks
+        # share the pool's consumers.
+        **{"queued.min.messages": max(1_000, min(100_000, 1 << (end - start - 1).bit_length()))},
     )
     read = _RangeRead(kafka_config, config, task, stats, began)
     gc_pause = GcPause()

@@ -2,8 +2,9 @@
 reused consumer reads what a new one would: a range read after another
 topic's, whose records it had fetched ahead, has exactly its own records
 (topic, partition, offset and value of each), never one of the earlier
-read's. A read that failed leaves no consumer behind for the next. Apache
-Kafka; no Spark (the data source's read runs here as in a Python worker)."""
+read's. The tasks of a range split for Spark share a consumer. A read that
+failed leaves no consumer behind for the next. Apache Kafka; no Spark (the
+data source's read runs here as in a Python worker)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 from airflow_eos.core import consumer_pool
 from airflow_eos.core.errors import LogTruncated
 from airflow_eos.core.source import KafkaLog
-from airflow_eos.core.windows import TopicPartition
-from airflow_eos.spark.kafka_ranges import KafkaRangePartition, read_range
+from airflow_eos.core.windows import PartitionRange, TopicPartition
+from airflow_eos.spark.kafka_ranges import KafkaRangePartition, read_range, split_range
 
 BASE_MS = 1_700_000_000_000
 
@@ -36,10 +37,10 @@ def made(monkeypatch):
 
 @pytest.fixture
 def two_topics(topics):
-    """Topic a (1 partition, 300 records) and b (2 partitions, 40 each): the
+    """Topic a (1 partition, 3,000 records) and b (2 partitions, 40 each): the
     same offsets in both, told apart by their values."""
     a, b = topics.create(1, "reuse-a"), topics.create(2, "reuse-b")
-    topics.produce(a, [(0, BASE_MS + i, f"a-0-{i}".encode()) for i in range(300)])
+    topics.produce(a, [(0, BASE_MS + i, f"a-0-{i}".encode()) for i in range(3000)])
     topics.produce(b, [(p, BASE_MS + i, f"b-{p}-{i}".encode()) for p in (0, 1) for i in range(40)])
     return a, b
 
@@ -51,7 +52,7 @@ def rows(batches) -> list[tuple[str, int, int, bytes]]:
 
 def test_a_reused_consumer_reads_exactly_its_range_never_the_last_reads_prefetch(kafka_config, two_topics, made):
     a, b = two_topics
-    # The first read stops at offset 10 of 300: the consumer had fetched further ahead in a.
+    # The first read stops at offset 10 of 3,000: the consumer had fetched further ahead in a.
     first = rows(read_range(kafka_config, KafkaRangePartition(a, 0, 0, 10)))
     assert first == [(a, 0, i, f"a-0-{i}".encode()) for i in range(10)]
     second = rows(read_range(kafka_config, KafkaRangePartition(b, 1, 5, 25)))
@@ -61,10 +62,19 @@ def test_a_reused_consumer_reads_exactly_its_range_never_the_last_reads_prefetch
     assert len(made) == 1, made  # one consumer for the three reads
 
 
+def test_the_tasks_of_a_split_range_share_a_consumer(kafka_config, two_topics, made):
+    a, _ = two_topics
+    pieces = split_range(PartitionRange(a, 0, 1, 3000), 1500)
+    assert [(p.start_offset, p.end_offset) for p in pieces] == [(1, 1500), (1500, 3000)]  # 1,499 and 1,500 wide
+    read = [row for piece in pieces for row in rows(read_range(kafka_config, piece))]
+    assert read == [(a, 0, i, f"a-0-{i}".encode()) for i in range(1, 3000)]
+    assert len(made) == 1, made
+
+
 def test_a_kafka_log_reads_on_the_consumers_of_earlier_logs(kafka_config, two_topics, made):
     a, b = two_topics
     with KafkaLog(kafka_config) as log_:
-        assert log_.bounds(TopicPartition(a, 0)).end == 300
+        assert log_.bounds(TopicPartition(a, 0)).end == 3000
         assert [r.offset for r in log_.records(TopicPartition(a, 0), 100, 105)] == list(range(100, 105))
     with KafkaLog(kafka_config) as log_:
         tp = TopicPartition(b, 0)
