@@ -146,10 +146,11 @@ class ConsumerPool:
 
     def _expired(self, now: float) -> list[PooledConsumer]:
         """Removes and returns the consumers idle longer than idle_s (under the lock)."""
-        expired = []
+        expired: list[PooledConsumer] = []
         for key, idle in list(self._idle.items()):
-            keep = [p for p in idle if now - p.idle_since < self.idle_s]
-            expired += [p for p in idle if now - p.idle_since >= self.idle_s]
+            keep = []
+            for pooled in idle:
+                (keep if now - pooled.idle_since < self.idle_s else expired).append(pooled)
             if keep:
                 self._idle[key] = keep
             else:
@@ -164,13 +165,11 @@ class ConsumerPool:
             _close(pooled)
 
     def _forget_after_fork(self) -> None:
-        """In a forked child: the idle consumers are the parent's. Dropping
-        the last reference would destroy them, which waits for librdkafka
-        threads the child does not have: each is kept alive for good."""
+        """In a forked child: the idle consumers are the parent's (see _keep_for_good)."""
         self._lock, self._reaper = threading.Lock(), None
         idle, self._idle = self._idle, {}
         for pooled in (p for consumers in idle.values() for p in consumers):
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(pooled.consumer))
+            _keep_for_good(pooled)
 
 
 def _new(config: dict, purpose: str) -> PooledConsumer:
@@ -184,9 +183,18 @@ def _new(config: dict, purpose: str) -> PooledConsumer:
     return PooledConsumer(reader({**config, **own}, purpose), errors)
 
 
+def _keep_for_good(pooled: PooledConsumer) -> None:
+    """A consumer of a parent process, in a forked child: dropping the last
+    reference would destroy it, which waits for librdkafka threads the
+    child does not have and closes sockets the parent uses. Kept alive for
+    good (a list, as core/database.py keeps its sessions, would be freed at
+    the child's exit and destroy them then)."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pooled.consumer))
+
+
 def _close(pooled: PooledConsumer) -> None:
     if pooled.pid != os.getpid():
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(pooled.consumer))  # see _forget_after_fork
+        _keep_for_good(pooled)
         return
     pooled.errors.muted = True
     try:
@@ -195,8 +203,16 @@ def _close(pooled: PooledConsumer) -> None:
         pass
 
 
+def of_another_partition(msg, topic: str, partition: int) -> bool:
+    """A message of another partition than the one a read assigned: a
+    pooled consumer's earlier assignment's (librdkafka drops those itself;
+    they would come first, before any of this assignment's). A client-wide
+    error names no partition: not another's."""
+    return msg.topic() is not None and (msg.topic() != topic or msg.partition() != partition)
+
+
 CONSUMERS = ConsumerPool()
 atexit.register(CONSUMERS.close)
 os.register_at_fork(after_in_child=CONSUMERS._forget_after_fork)
 
-__all__ = ["CONSUMERS", "IDLE_S", "ConsumerPool", "PooledConsumer"]
+__all__ = ["CONSUMERS", "IDLE_S", "ConsumerPool", "PooledConsumer", "of_another_partition"]

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from airflow_eos.core.avro import ValueFormat, as_value_format, record_schema_json
 from airflow_eos.core.client_settings import masked, refuse_inline_secrets
 from airflow_eos.core.errors import ConfigurationError, OffsetsExpired, SourceUnavailable, UnknownTopic
-from airflow_eos.core.consumer_pool import CONSUMERS, PooledConsumer
+from airflow_eos.core.consumer_pool import CONSUMERS, PooledConsumer, of_another_partition
 from airflow_eos.core.kafka_client import client_logging, consumer_config, request_timeout
 # cli/ reads the librdkafka log's logger from here; it lives in core/kafka_client.py
 from airflow_eos.core.kafka_errors import kafka_error
@@ -357,7 +357,7 @@ def _stale(msg, tp: TopicPartition, offset: int) -> bool:
     partition's, or a record or end of partition before ``offset``."""
     from confluent_kafka import KafkaError
 
-    if msg.topic() is not None and (msg.topic() != tp.topic or msg.partition() != tp.partition):
+    if of_another_partition(msg, tp.topic, tp.partition):
         return True
     err = msg.error()
     return (err is None or err.code() == KafkaError._PARTITION_EOF) and msg.offset() < offset

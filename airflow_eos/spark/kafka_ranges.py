@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import InputPartition
 
+from airflow_eos.core.consumer_pool import CONSUMERS, of_another_partition
 from airflow_eos.core.errors import (
     LOG_TRUNCATED_ADVICE,
     ConfigurationError,
@@ -133,7 +134,6 @@ def read_range(
     """
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    from airflow_eos.core.consumer_pool import CONSUMERS
     from airflow_eos.core.kafka_client import consumer_config
 
     stats = stats if stats is not None else ReadStats()
@@ -148,12 +148,11 @@ def read_range(
         # share the pool's consumers.
         **{"queued.min.messages": max(1_000, min(100_000, 1 << (end - start - 1).bit_length()))},
     )
-    read = _RangeRead(kafka_config, config, task, stats, began)
     gc_pause = GcPause()
     gc_pause.pause()
     try:
         with CONSUMERS.lease(config, f"a Kafka consumer for {task}") as pooled:
-            read.errors = pooled.errors
+            read = _RangeRead(kafka_config, config, task, stats, began, pooled.errors)
             consumer = pooled.consumer
             consumer.assign([KafkaTopicPartition(task.topic, task.partition, start)])
             while read.next_offset < end:
@@ -182,8 +181,9 @@ class _RangeRead:
     log can still hold the rest of it."""
 
     def __init__(self, kafka_config: Mapping[str, Any], config: Mapping[str, Any], task: KafkaRangePartition,
-                 stats: ReadStats, began: float):
+                 stats: ReadStats, began: float, errors: ClientErrors):
         self.kafka_config = kafka_config
+        self.errors = errors  # the consumer's, for the message that gives up on the cluster
         self.config = config
         self.task = task
         self.stats = stats
@@ -198,7 +198,6 @@ class _RangeRead:
         # read_committed: the last stable offset, which an open transaction holds).
         self.ended_short = False
         self.last_answer = self.last_progress_log = time.perf_counter()
-        self.errors = None  # the consumer's ClientErrors, for the message that gives up on the cluster
 
     def take(self, msgs: list, at: float) -> bool:
         """Take one non-empty answer of the consumer (``at``: when it came);
@@ -228,11 +227,9 @@ class _RangeRead:
         reaches beyond the end cut."""
         from confluent_kafka import Message
 
-        first = records[0]
-        if first.topic() != self.task.topic or first.partition() != self.task.partition:
-            # A pooled consumer's earlier assignment (librdkafka drops them
-            # itself; they would come first, before any of this assignment's).
-            records = [m for m in records if m.topic() == self.task.topic and m.partition() == self.task.partition]
+        topic, partition = self.task.topic, self.task.partition
+        if of_another_partition(records[0], topic, partition):  # only ever first: check the rest only then
+            records = [m for m in records if not of_another_partition(m, topic, partition)]
             if not records:
                 return False
         offsets = list(map(Message.offset, records))
@@ -262,8 +259,8 @@ class _RangeRead:
 
         done = False
         for msg, err in events:
-            if msg.topic() is not None and (msg.topic() != self.task.topic or msg.partition() != self.task.partition):
-                continue  # of a pooled consumer's earlier assignment (see _take_records)
+            if of_another_partition(msg, self.task.topic, self.task.partition):
+                continue
             if err.code() == KafkaError._PARTITION_EOF:
                 if msg.offset() >= self.task.end_offset:
                     done = True  # the rest of the range is offsets without records (markers)
@@ -317,7 +314,7 @@ class _RangeRead:
         servers = self.config["bootstrap.servers"]
         return SourceUnavailable(
             f"{self.task}: no answer from Kafka at {servers} for {waited_s:.0f}s "
-            f"while reading at offset {self.next_offset}{(self.errors or ClientErrors()).hint(servers)}"
+            f"while reading at offset {self.next_offset}{self.errors.hint(servers)}"
         )
 
 

@@ -29,7 +29,7 @@ from airflow_eos.core.kafka_errors import kafka_error
 from airflow_eos.core.ledger import WindowState
 from airflow_eos.core.errors import LogTruncated, OffsetsExpired, SourceUnavailable, UnknownTopic
 from airflow_eos.core.skew import held_behind, records_after
-from airflow_eos.core.consumer_pool import CONSUMERS
+from airflow_eos.core.consumer_pool import CONSUMERS, of_another_partition
 from airflow_eos.core.kafka_client import CONSUMER_ONLY, READER_KAFKA_DEFAULTS, client_logging, consumer_config
 from airflow_eos.core.source import Bounds, KafkaLog, PartitionLog
 from airflow_eos.core.windows import PartitionRange, TopicPartition, describe_millis, to_millis
@@ -301,7 +301,7 @@ def _one_by_one(messages: list[Message], r: PartitionRange, last: int) -> tuple[
             continue
         offset = msg.offset()
         # skip what a fetch of an earlier assignment may still deliver
-        if msg.topic() != r.topic or msg.partition() != r.partition or offset <= last:
+        if of_another_partition(msg, r.topic, r.partition) or offset <= last:
             continue
         if offset >= r.end_offset:
             return batch, True
